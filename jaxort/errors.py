@@ -1,0 +1,70 @@
+"""The jaxort exception hierarchy.
+
+Every error jaxort raises on purpose derives from :class:`JaxortError`. Where a
+built-in exception has the same meaning (a bad value, an unsupported feature, a
+missing name), the jaxort class derives from it too, so ``except ValueError``
+keeps working for callers who do not know jaxort.
+
+This module is at the bottom of the layers: it imports nothing from jaxort and
+nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "JaxortError",
+    "ModelError",
+    "UnsupportedOpError",
+    "OpError",
+    "StaticValueError",
+    "InputError",
+    "CheckpointError",
+    "TrainingError",
+    "StateError",
+]
+
+
+class JaxortError(Exception):
+    """Base class of every error jaxort raises on purpose."""
+
+
+class ModelError(JaxortError, ValueError):
+    """An ONNX model is invalid or cannot be traced (checker message, bad graph)."""
+
+
+class UnsupportedOpError(JaxortError, NotImplementedError):
+    """An ONNX operator (domain, type, opset) has no jaxort implementation."""
+
+    def __init__(self, op_type: str, domain: str, opset: int, node_name: str = ""):
+        self.op_type = op_type
+        self.domain = domain or "ai.onnx"
+        self.opset = opset
+        self.node_name = node_name
+        super().__init__(
+            f"jaxort does not implement {self.domain}::{op_type} (opset {opset}), "
+            f"used by node {node_name!r}"
+        )
+
+
+class OpError(JaxortError, ValueError):
+    """An operator failed on its inputs or attributes; names the node."""
+
+
+class StaticValueError(OpError):
+    """An op needs a value at trace time (a shape, axes) but it is only known at run time."""
+
+
+class InputError(JaxortError, ValueError):
+    """A user input is missing, unknown, or has the wrong shape or dtype."""
+
+
+class CheckpointError(JaxortError, ValueError):
+    """A checkpoint file is malformed, unsupported, or cannot be written."""
+
+
+class TrainingError(JaxortError, ValueError):
+    """Training artifacts or a training configuration are invalid."""
+
+
+class StateError(JaxortError, RuntimeError):
+    """A session call was made out of order (e.g. optimizer step before any train step)."""

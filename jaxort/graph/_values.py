@@ -1,0 +1,119 @@
+"""The value lattice and what an op handler may ask of the graph layer.
+
+A value flowing through a traced graph is either *static* (a numpy array known
+at trace time: initializers kept as constants, Constant nodes, shape
+arithmetic) or *traced* (a JAX array or tracer). Handlers that need a value at
+trace time (a Reshape target, Slice bounds, a TopK k) get it through
+:func:`static`, which raises an error naming the node when it is traced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxort.errors import OpError, StaticValueError
+
+__all__ = ["is_static", "static", "static_ints", "OpContext", "node_scope", "describe_node"]
+
+# Set by the tracer while a handler runs, so helpers can name the node in errors.
+_CURRENT_NODE: contextvars.ContextVar[str] = contextvars.ContextVar("jaxort_node", default="")
+
+
+def describe_node() -> str:
+    """Returns "domain::Op (opset N), node 'name'" for the node being traced."""
+    return _CURRENT_NODE.get() or "<no node>"
+
+
+@contextlib.contextmanager
+def node_scope(description: str):
+    """Marks the node whose handler runs inside this block (for error messages)."""
+    token = _CURRENT_NODE.set(description)
+    try:
+        yield
+    finally:
+        _CURRENT_NODE.reset(token)
+
+
+def is_static(x: Any) -> bool:
+    """True for values known at trace time (numpy arrays and scalars, None)."""
+    return x is None or isinstance(x, (np.ndarray, np.generic, int, float, bool))
+
+
+def static(x: Any, what: str = "input") -> np.ndarray:
+    """Returns ``x`` as a numpy array, or raises if it is only known at run time.
+
+    Args:
+      x: a value given to an op handler.
+      what: what the value is, for the error ("input 'shape'").
+
+    Raises:
+      OpError: naming the node, when ``x`` is a traced JAX value.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, (np.generic, int, float, bool)):
+        return np.asarray(x)
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        return np.asarray(x)
+    raise StaticValueError(
+        f"{describe_node()}: {what} must be known at trace time (a constant or "
+        "computed from shapes), but it depends on a runtime value; jaxort cannot "
+        "compile data-dependent shapes"
+    )
+
+
+def static_ints(x: Any, what: str = "input") -> list[int]:
+    """Returns a static 0-d or 1-d integer value as a list of Python ints."""
+    return [int(v) for v in np.asarray(static(x, what)).reshape(-1)]
+
+
+@dataclasses.dataclass
+class OpContext:
+    """What a handler that declares a keyword-only ``ctx`` parameter receives.
+
+    Attributes:
+      node_name: the node's name.
+      opset: the opset version the node was dispatched at.
+      training: True inside a training step (BatchNormalization in inference
+        form uses batch statistics, Dropout with a training_mode input is random).
+      input_names: the node's input names ("" for absent optional inputs).
+      output_names: the node's output names.
+    """
+
+    node_name: str
+    opset: int
+    training: bool
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    _key: Any = None
+    _updates: dict | None = None
+
+    def rng(self) -> jax.Array:
+        """Returns a PRNG key for this node.
+
+        Raises:
+          OpError: when the caller gave no ``rng`` key to the traced function.
+        """
+        if self._key is None:
+            raise OpError(
+                f"{describe_node()} is random in this mode and needs a PRNG key: "
+                "pass rng=jax.random.key(seed) to apply"
+            )
+        return self._key
+
+    def update_state(self, input_index: int, value: Any) -> None:
+        """Records a new value for the parameter feeding input ``input_index``.
+
+        Used by training-mode BatchNormalization to write running statistics
+        back into the state; ignored when that input is not a parameter.
+        """
+        if self._updates is not None and input_index < len(self.input_names):
+            name = self.input_names[input_index]
+            if name:
+                self._updates[name] = value

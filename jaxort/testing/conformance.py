@@ -1,0 +1,195 @@
+"""Runs ONNX's backend node test cases through ``jaxort.backend``.
+
+Usage::
+
+    python -m jaxort.testing.conformance [--ops Add,Conv] [--timeout 60] [--jobs 2]
+
+Each case runs in a worker process under a time limit (a case over the limit
+counts as failed and its worker is replaced). Prints passed/total and the
+failures grouped by op. The comparison follows ONNX's own backend test runner:
+equal dtypes, exact equality for strings, ``assert_allclose`` with the case's
+rtol/atol otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+import warnings
+
+import numpy as np
+
+__all__ = ["collect_cases", "run_case", "compare_outputs", "case_op_type", "main"]
+
+
+def collect_cases(op_types=None) -> list:
+    """Returns ONNX's node test cases, optionally only those of some op types."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases()
+    if op_types:
+        wanted = set(op_types)
+        cases = [c for c in cases if case_op_type(c) in wanted]
+    return cases
+
+
+def case_op_type(case) -> str:
+    """The op type a node case tests (its first node that is not a Constant)."""
+    nodes = [n for n in case.model.graph.node]
+    for n in nodes:
+        if n.op_type != "Constant" or len(nodes) == 1:
+            return n.op_type
+    return nodes[0].op_type if nodes else "?"
+
+
+def compare_outputs(expected, got, rtol: float, atol: float) -> None:
+    """Asserts ``got`` matches ``expected`` like ONNX's backend runner does."""
+    assert len(expected) == len(got), f"expected {len(expected)} outputs, got {len(got)}"
+    for i, (e, g) in enumerate(zip(expected, got)):
+        _compare_one(e, g, rtol, atol, f"output {i}")
+
+
+def _compare_one(e, g, rtol, atol, where):
+    if isinstance(e, (list, tuple)):
+        assert isinstance(g, (list, tuple)), f"{where}: expected a sequence, got {type(g).__name__}"
+        assert len(e) == len(g), f"{where}: sequence length {len(g)} != {len(e)}"
+        for j, (ee, gg) in enumerate(zip(e, g)):
+            _compare_one(ee, gg, rtol, atol, f"{where}[{j}]")
+        return
+    if e is None:
+        assert g is None, f"{where}: expected None"
+        return
+    e = np.asarray(e)
+    g = np.asarray(g)
+    assert e.dtype == g.dtype, f"{where}: dtype {g.dtype} != expected {e.dtype}"
+    assert e.shape == g.shape, f"{where}: shape {g.shape} != expected {e.shape}"
+    if e.dtype == object or e.dtype.kind in "SU":
+        np.testing.assert_array_equal(g, e, err_msg=where)
+    elif e.dtype.kind in "biu" or e.dtype == np.bool_:
+        np.testing.assert_array_equal(g, e, err_msg=where)
+    else:
+        np.testing.assert_allclose(
+            g.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol, err_msg=where)
+
+
+def run_case(case) -> None:
+    """Runs one case through ``jaxort.backend``; raises AssertionError on mismatch."""
+    from jaxort import backend
+
+    rep = backend.prepare(case.model, "CPU")
+    for inputs, expected in case.data_sets:
+        got = rep.run(list(inputs))
+        compare_outputs(list(expected), list(got), case.rtol, case.atol)
+
+
+def _worker(conn):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    cases = {c.name: c for c in collect_cases()}
+    conn.send("ready")
+    while True:
+        name = conn.recv()
+        if name is None:
+            return
+        try:
+            run_case(cases[name])
+            conn.send((name, True, ""))
+        except BaseException as e:  # report every failure, keep the worker alive
+            msg = f"{type(e).__name__}: {e}".strip().splitlines()
+            conn.send((name, False, " ".join(msg[:3])[:300]))
+
+
+class _Worker:
+    def __init__(self, ctx):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(300):
+            raise RuntimeError("conformance worker did not start")
+        assert self.conn.recv() == "ready"
+        self.case = None
+        self.started = 0.0
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.join()
+
+
+def run_all(cases, timeout: float, jobs: int, progress=True) -> dict:
+    """Runs cases in ``jobs`` worker processes; returns name -> (passed, message)."""
+    ctx = mp.get_context("spawn")
+    pending = collections.deque(c.name for c in cases)
+    results = {}
+    workers = [_Worker(ctx) for _ in range(max(1, jobs))]
+    total = len(pending)
+    try:
+        while pending or any(w.case for w in workers):
+            for i, w in enumerate(workers):
+                if w.case is None and pending:
+                    w.case = pending.popleft()
+                    w.started = time.monotonic()
+                    w.conn.send(w.case)
+                elif w.case is not None:
+                    if w.conn.poll(0.01):
+                        name, ok, msg = w.conn.recv()
+                        results[name] = (ok, msg)
+                        w.case = None
+                        if progress and len(results) % 100 == 0:
+                            print(f"  {len(results)}/{total}", file=sys.stderr, flush=True)
+                    elif time.monotonic() - w.started > timeout or not w.proc.is_alive():
+                        why = "timed out" if w.proc.is_alive() else "worker crashed"
+                        results[w.case] = (False, f"{why} after {timeout:.0f} s limit"
+                                           if why == "timed out" else why)
+                        w.kill()
+                        workers[i] = _Worker(ctx)
+    finally:
+        for w in workers:
+            try:
+                w.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            w.proc.join(timeout=5)
+            if w.proc.is_alive():
+                w.kill()
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", help="comma-separated op types (default: every case)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--report", help="write a per-case result file here")
+    args = parser.parse_args(argv)
+    ops = args.ops.split(",") if args.ops else None
+    cases = collect_cases(ops)
+    by_name = {c.name: case_op_type(c) for c in cases}
+    t0 = time.monotonic()
+    results = run_all(cases, args.timeout, args.jobs)
+    failed = collections.defaultdict(list)
+    for name, (ok, msg) in sorted(results.items()):
+        if not ok:
+            failed[by_name[name]].append((name, msg))
+    passed = sum(ok for ok, _ in results.values())
+    print(f"\nfailures by op ({sum(map(len, failed.values()))} cases in {len(failed)} ops):")
+    for op in sorted(failed):
+        print(f"  {op}: {len(failed[op])}")
+        for name, msg in failed[op]:
+            print(f"    {name}: {msg}")
+    if args.report:
+        with open(args.report, "w") as f:
+            for name, (ok, msg) in sorted(results.items()):
+                f.write(f"{by_name[name]}\t{name}\t{'PASS' if ok else 'FAIL'}\t{msg}\n")
+    print(f"\nconformance: {passed}/{len(results)} passed "
+          f"({100.0 * passed / max(1, len(results)):.1f}%) in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
