@@ -52,6 +52,7 @@ class JaxBackendRep(BackendRep):
         # inputs, as ONNX's node tests do) are found on the first call and then
         # baked into the compiled function, one compilation per distinct value.
         self._static_ints = False
+        self._eager = False
         self._baked = {}
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple:
@@ -85,11 +86,22 @@ class JaxBackendRep(BackendRep):
             return tuple(_to_numpy(o) for o in outs)
 
     def _run_jit(self, inputs):
+        if self._eager:
+            return self.graph.apply(self.graph.params, *inputs)
         if not self._static_ints:
             try:
                 return self._jitted(self.graph.params, *inputs)
             except StaticValueError:
                 self._static_ints = True
+        try:
+            return self._run_baked(inputs)
+        except StaticValueError:
+            # Output shapes depend on float data (NonZero of a float tensor,
+            # Unique): no compiled form exists, so evaluate at trace time.
+            self._eager = True
+            return self.graph.apply(self.graph.params, *inputs)
+
+    def _run_baked(self, inputs):
         static_pos = [i for i, x in enumerate(inputs)
                       if np.asarray(x).dtype.kind in "biu"]
         key = tuple((i, np.asarray(inputs[i]).dtype.str, np.asarray(inputs[i]).shape,

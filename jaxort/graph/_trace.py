@@ -522,7 +522,8 @@ class JaxGraph:
         prep = _Preparer(self.opsets, functions)
         full = prep.program(graph)
         initializers = full.constants
-        if params is None:
+        default_params = params is None
+        if default_params:
             params = [n for n, v in initializers.items() if v.dtype.kind in "fc"
                       or v.dtype == np.dtype("bfloat16") or v.dtype.name.startswith("float")]
         unknown = [p for p in params if p not in initializers]
@@ -559,6 +560,15 @@ class JaxGraph:
             raise InputError(
                 f"the requested outputs need graph inputs {sorted(needed_free)} that are "
                 f"neither positional inputs {list(inputs)} nor param_inputs")
+        used = set(outputs)
+        for node in nodes:
+            used.update(i for i in node.inputs if i)
+            for sub in node.subgraphs.values():
+                used.update(sub.free_names)
+        if default_params:
+            # A slice needs only the initializers its nodes read.
+            params = [n for n in params if n in used]
+            initializers = {n: v for n, v in initializers.items() if n in used}
         self.params = {n: initializers[n] for n in params}
         self.constants = {n: v for n, v in initializers.items() if n not in self.params}
         self._param_names = tuple(params) + tuple(param_inputs)

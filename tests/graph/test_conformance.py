@@ -1,0 +1,36 @@
+"""ONNX backend node cases of the core ops (``CORE_OPS``) through ``jaxort.backend``.
+
+The cases run once per test session in worker processes (``jaxort.testing.conformance``),
+each under a time limit; one test per op then asserts that all of that op's cases
+passed. ``make conformance`` runs every case that ships with onnx.
+"""
+
+import os
+
+import pytest
+
+from jaxort.testing import conformance
+
+# Cases of core ops that cannot pass, with the reason. Keep this empty unless the
+# reason is outside jaxort's reach.
+EXPECTED_FAILURES: dict[str, str] = {}
+
+_CASES = conformance.collect_cases(conformance.CORE_OPS)
+
+
+@pytest.fixture(scope="module")
+def results():
+    jobs = int(os.environ.get("JAXORT_TEST_JOBS", os.cpu_count() or 1))
+    return conformance.run_all(_CASES, timeout=120.0, jobs=jobs, progress=False)
+
+
+@pytest.mark.parametrize("op_type", conformance.CORE_OPS)
+def test_all_cases_pass(results, op_type):
+    cases = [c.name for c in _CASES if conformance.case_op_type(c) == op_type]
+    assert cases, f"onnx ships no node case for {op_type}"
+    failed = {
+        name: results[name][1]
+        for name in cases
+        if not results[name][0] and name not in EXPECTED_FAILURES
+    }
+    assert not failed, f"{len(failed)}/{len(cases)} {op_type} cases failed: {failed}"

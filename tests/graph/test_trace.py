@@ -1,0 +1,336 @@
+"""JaxGraph: jit/grad/vmap composition, static shape folding, trace caching, errors.
+
+References are numpy and central finite differences, never jaxort itself.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from jaxort.errors import InputError, ModelError, OpError, UnsupportedOpError
+from jaxort.graph import JaxGraph
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _mlp(rng, batch="N", d_in=6, d_hidden=5, d_out=3):
+    w1 = rng.standard_normal((d_in, d_hidden)).astype(np.float32)
+    b1 = rng.standard_normal(d_hidden).astype(np.float32)
+    w2 = rng.standard_normal((d_hidden, d_out)).astype(np.float32)
+    b2 = rng.standard_normal(d_out).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h"]),
+        helper.make_node("MatMul", ["h", "w2"], ["y0"]),
+        helper.make_node("Add", ["y0", "b2"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", T.FLOAT, [batch, d_in])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [batch, d_out])],
+        [numpy_helper.from_array(a, n) for a, n in
+         ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))],
+    )
+    return model, dict(w1=w1, b1=b1, w2=w2, b2=b2)
+
+
+def _mlp_numpy(p, x):
+    h = np.maximum(x @ p["w1"] + p["b1"], 0)
+    return h @ p["w2"] + p["b2"]
+
+
+def _cnn(rng):
+    w = rng.standard_normal((3, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    fw = rng.standard_normal((12, 2)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Tanh", ["c"], ["a"]),
+        helper.make_node("AveragePool", ["a"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("MatMul", ["f", "fw"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", T.FLOAT, ["N", 1, 4, 4])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["N", 2])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+         numpy_helper.from_array(fw, "fw")],
+    )
+    return model
+
+
+def _flatten_model():
+    """A PyTorch-style flatten: Shape -> Gather -> Unsqueeze -> Concat -> Reshape."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", T.INT64, [], [0])),
+        helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "ax"], ["b1"]),
+        helper.make_node("Concat", ["b1", "minus1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w"], ["y"]),
+    ]
+    w = np.arange(24, dtype=np.float32).reshape(12, 2) / 24
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", T.FLOAT, ["batch", 3, 4])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 2])],
+        [helper.make_tensor("ax", T.INT64, [1], [0]),
+         helper.make_tensor("minus1", T.INT64, [1], [-1]),
+         numpy_helper.from_array(w, "w")],
+    ), w
+
+
+def _central_difference_grad(f, params, eps=1e-3):
+    """d f / d params by central differences in float64."""
+    grads = {}
+    for name, value in params.items():
+        g = np.zeros(value.shape, np.float64)
+        for idx in np.ndindex(value.shape):
+            plus = {k: v.copy() for k, v in params.items()}
+            minus = {k: v.copy() for k, v in params.items()}
+            plus[name][idx] += eps
+            minus[name][idx] -= eps
+            g[idx] = (f(plus) - f(minus)) / (2 * eps)
+        grads[name] = g
+    return grads
+
+
+def test_apply_matches_numpy_and_jit_matches_eager():
+    rng = np.random.default_rng(0)
+    model, p = _mlp(rng)
+    g = JaxGraph(model)
+    assert sorted(g.params) == ["b1", "b2", "w1", "w2"]
+    x = rng.standard_normal((7, 6)).astype(np.float32)
+    (eager,) = g.apply(g.params, x)
+    (jitted,) = jax.jit(g.apply)(g.params, x)
+    np.testing.assert_allclose(np.asarray(eager), _mlp_numpy(p, x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-6, atol=1e-6)
+    assert jitted.dtype == jnp.float32
+
+
+def test_grad_through_mlp_matches_finite_differences():
+    rng = np.random.default_rng(1)
+    model, _ = _mlp(rng)
+    x = rng.standard_normal((4, 6))
+    with jax.enable_x64(True):
+        g = JaxGraph(model)
+        params64 = {k: v.astype(np.float64) for k, v in g.params.items()}
+        graph64 = _retype(model)
+
+        def loss(p):
+            (y,) = graph64.apply(p, x)
+            return jnp.sum(jnp.tanh(y))
+
+        got = jax.jit(jax.grad(loss))(params64)
+        want = _central_difference_grad(lambda p: float(loss(p)), params64, eps=1e-6)
+    for name in params64:
+        np.testing.assert_allclose(np.asarray(got[name]), want[name], rtol=1e-5, atol=1e-7)
+
+
+def test_grad_through_cnn_matches_finite_differences():
+    rng = np.random.default_rng(2)
+    model = _cnn(rng)
+    x = rng.standard_normal((2, 1, 4, 4))
+    with jax.enable_x64(True):
+        g = _retype(model)
+        params = dict(g.params)
+
+        def loss(p):
+            (y,) = g.apply(p, x)
+            return jnp.sum(y * y)
+
+        got = jax.jit(jax.grad(loss))(params)
+        want = _central_difference_grad(lambda p: float(loss(p)), params, eps=1e-6)
+    for name in params:
+        np.testing.assert_allclose(np.asarray(got[name]), want[name], rtol=1e-5, atol=1e-6)
+
+
+def _retype(model):
+    """The same model with float32 initializers and value infos turned into float64."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for t in m.graph.initializer:
+        if t.data_type == T.FLOAT:
+            arr = numpy_helper.to_array(t).astype(np.float64)
+            t.CopyFrom(numpy_helper.from_array(arr, t.name))
+    for vi in list(m.graph.input) + list(m.graph.output):
+        if vi.type.tensor_type.elem_type == T.FLOAT:
+            vi.type.tensor_type.elem_type = T.DOUBLE
+    return JaxGraph(m)
+
+
+def test_vmap_equals_python_loop():
+    rng = np.random.default_rng(3)
+    model, p = _mlp(rng)
+    g = JaxGraph(model)
+    xs = rng.standard_normal((5, 3, 6)).astype(np.float32)
+    batched = jax.vmap(lambda x: g.apply(g.params, x)[0])(xs)
+    looped = np.stack([np.asarray(g.apply(g.params, x)[0]) for x in xs])
+    np.testing.assert_allclose(np.asarray(batched), looped, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(looped, np.stack([_mlp_numpy(p, x) for x in xs]), rtol=1e-5, atol=1e-5)
+
+
+def test_vmap_over_params():
+    rng = np.random.default_rng(4)
+    model, p = _mlp(rng)
+    g = JaxGraph(model)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    stacked = {k: np.stack([v, 2 * v]) for k, v in g.params.items()}
+    out = jax.vmap(lambda q: g.apply(q, x)[0])(stacked)
+    for i, scale in enumerate((1, 2)):
+        ref = _mlp_numpy({k: scale * v for k, v in p.items()}, x)
+        np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_batch_flatten_jits_and_compiles_once_per_shape():
+    model, w = _flatten_model()
+    g = JaxGraph(model)
+    traces = []
+
+    def f(params, x):
+        traces.append(x.shape)
+        return g.apply(params, x)
+
+    jf = jax.jit(f)
+    for batch in (2, 5, 2, 5, 2):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 4)).astype(np.float32)
+        (y,) = jf(g.params, x)
+        np.testing.assert_allclose(np.asarray(y), x.reshape(batch, 12) @ w, rtol=1e-5, atol=1e-5)
+    assert traces == [(2, 3, 4), (5, 3, 4)]
+
+
+def test_jit_apply_caches_by_shape_and_dtype():
+    model, _ = _flatten_model()
+    g = JaxGraph(model)
+    x2 = np.ones((2, 3, 4), np.float32)
+    x3 = np.ones((3, 3, 4), np.float32)
+    g.jit_apply(g.params, x2)
+    g.jit_apply(g.params, x3)
+    g.jit_apply(g.params, x2 * 2)
+    assert g._jit._cache_size() == 2
+
+
+def test_extra_outputs_and_intermediate_slices():
+    rng = np.random.default_rng(5)
+    model, p = _mlp(rng)
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    g = JaxGraph(model, extra_outputs=["h"])
+    y, h = g.apply(g.params, x)
+    np.testing.assert_allclose(np.asarray(h), np.maximum(x @ p["w1"] + p["b1"], 0), rtol=1e-5, atol=1e-6)
+    sliced = JaxGraph(model, outputs=["h1"])
+    assert sliced.node_count == 2
+    (h1,) = sliced.apply({"w1": p["w1"], "b1": p["b1"]}, x)
+    np.testing.assert_allclose(np.asarray(h1), x @ p["w1"] + p["b1"], rtol=1e-5, atol=1e-6)
+
+
+def test_constants_choice():
+    rng = np.random.default_rng(6)
+    model, p = _mlp(rng)
+    g = JaxGraph(model, params=["w2"])
+    assert list(g.params) == ["w2"]
+    assert sorted(g.constants) == ["b1", "b2", "w1"]
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    (y,) = g.apply({"w2": 2 * p["w2"]}, x)
+    np.testing.assert_allclose(np.asarray(y), _mlp_numpy(dict(p, w2=2 * p["w2"]), x), rtol=1e-5, atol=1e-5)
+
+
+def test_model_from_bytes_and_path(tmp_path):
+    rng = np.random.default_rng(7)
+    model, p = _mlp(rng)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    for source in (str(path), model.SerializeToString()):
+        g = JaxGraph(source)
+        np.testing.assert_allclose(np.asarray(g.apply(g.params, x)[0]), _mlp_numpy(p, x), rtol=1e-5, atol=1e-5)
+
+
+def test_model_with_external_data(tmp_path):
+    rng = np.random.default_rng(8)
+    model, p = _mlp(rng, d_in=64, d_hidden=64)
+    path = tmp_path / "ext.onnx"
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.data", size_threshold=0)
+    assert (tmp_path / "ext.data").exists()
+    g = JaxGraph(str(path))
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(g.apply(g.params, x)[0]), _mlp_numpy(p, x), rtol=1e-4, atol=1e-4)
+
+
+# Errors -------------------------------------------------------------------------------
+
+
+def test_unsupported_op_names_op_domain_opset_and_node():
+    node = helper.make_node("FooBar", ["x"], ["y"], domain="com.example", name="blocks/0/foo")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 3)])
+    with pytest.raises(UnsupportedOpError) as info:
+        JaxGraph(model)
+    assert str(info.value) == (
+        "jaxort does not implement com.example::FooBar (opset 3), used by node 'blocks/0/foo'")
+    assert (info.value.op_type, info.value.domain, info.value.opset) == ("FooBar", "com.example", 3)
+
+
+def test_wrong_input_shape_and_dtype_are_named():
+    rng = np.random.default_rng(9)
+    g = JaxGraph(_mlp(rng)[0])
+    with pytest.raises(InputError, match=r"input 'x' has the wrong shape: expected shape "
+                       r"\['N', 6\] dtype float32, given shape \[2, 5\] dtype float32"):
+        g.apply(g.params, np.zeros((2, 5), np.float32))
+    with pytest.raises(InputError, match=r"input 'x' has the wrong dtype: expected shape "
+                       r"\['N', 6\] dtype float32, given shape \[2, 6\] dtype int32"):
+        g.apply(g.params, np.zeros((2, 6), np.int32))
+
+
+def test_missing_and_extra_inputs_and_params():
+    rng = np.random.default_rng(10)
+    g = JaxGraph(_mlp(rng)[0])
+    with pytest.raises(InputError, match=r"missing inputs \['x'\]"):
+        g.apply(g.params)
+    with pytest.raises(InputError, match="too many inputs"):
+        g.apply(g.params, np.zeros((1, 6), np.float32), np.zeros((1, 6), np.float32))
+    params = dict(g.params)
+    del params["w2"]
+    with pytest.raises(InputError, match=r"params is missing \['w2'\]"):
+        g.apply(params, np.zeros((1, 6), np.float32))
+
+
+def test_unknown_output_name():
+    rng = np.random.default_rng(11)
+    with pytest.raises(InputError, match=r"unknown output names \['nope'\]"):
+        JaxGraph(_mlp(rng)[0], outputs=["y", "nope"])
+
+
+def test_invalid_model_surfaces_checker_message():
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 0
+    with pytest.raises(ModelError, match="invalid ONNX model"):
+        JaxGraph(model)
+    with pytest.raises(ModelError, match="not found"):
+        JaxGraph("/nonexistent/model.onnx")
+
+
+def test_traced_shape_input_error_names_node():
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="the_reshape")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, [6]),
+                           helper.make_tensor_value_info("shape", T.INT64, [2])],
+                   [helper.make_tensor_value_info("y", T.FLOAT, [2, 3])])
+    g = JaxGraph(model)
+    with pytest.raises(OpError, match=r"ai.onnx::Reshape \(opset 17\), node 'the_reshape': "
+                                      r"input 'shape' must be known at trace time"):
+        jax.jit(g.apply)(g.params, np.zeros(6, np.float32), np.array([2, 3]))
