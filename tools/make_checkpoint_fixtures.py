@@ -3,7 +3,7 @@
 Run with an environment that has onnxruntime-training 1.19.2 and onnx 1.16
 (see ORACLE.md); the test suite only reads the files this writes:
 
-    python tools/make_checkpoint_fixtures.py [OUT_DIR]
+    python tools/make_checkpoint_fixtures.py [--external] [OUT_DIR]
 
 Files written (all by ONNX Runtime itself):
 
@@ -17,6 +17,19 @@ Files written (all by ONNX Runtime itself):
 - ``strings_protos.ckpt``: a STRING tensor (string_data).
 - ``nominal_protos.ckpt``: the first file's tensors as a nominal checkpoint.
 
+With ``--external`` (about a minute, 4 GB of temporary disk and 8 GB of
+memory): ORT only moves data to the external data file past 1800 MiB, so two
+checkpoints of 1.9 GB are written in a temporary directory and only their
+small flatbuffer parts are kept (the ``.data`` files are too large to
+commit; tests rebuild them as sparse files from the known values):
+
+- ``ext_protos.ckpt``: ``onnxblock.save_checkpoint`` of i8 [67] int8 arange,
+  big1 [256,1024,1024] float32 1.5, d9 [9] float64 arange (trainable); f3 [3]
+  float32 arange, big2 [200,1024,1024] float32 -2.0, u8 [65] uint8 arange
+  (frozen).
+- ``ext_state.ckpt``: that checkpoint loaded into a ``CheckpointState``,
+  given the property ``p = 1``, and saved again.
+
 This script imports onnxruntime and onnx; it is a development tool, never
 imported by jaxort.
 """
@@ -24,6 +37,7 @@ imported by jaxort.
 from __future__ import annotations
 
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -105,6 +119,33 @@ def main(out_dir: pathlib.Path) -> None:
     print("wrote", sorted(p.name for p in out_dir.iterdir()))
 
 
+def make_external(out_dir: pathlib.Path) -> None:
+    f32 = np.float32
+    trainable = [
+        numpy_helper.from_array(np.arange(67, dtype=np.int8), "i8"),
+        numpy_helper.from_array(np.full((256, 1024, 1024), 1.5, dtype=f32), "big1"),
+        numpy_helper.from_array(np.arange(9, dtype=np.float64), "d9"),
+    ]
+    frozen = [
+        numpy_helper.from_array(np.arange(3, dtype=f32), "f3"),
+        numpy_helper.from_array(np.full((200, 1024, 1024), -2.0, dtype=f32), "big2"),
+        numpy_helper.from_array(np.arange(65, dtype=np.uint8), "u8"),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        protos = pathlib.Path(tmp) / "protos.ckpt"
+        onnxblock.save_checkpoint((trainable, frozen), protos)
+        del trainable, frozen
+        state = CheckpointState.load_checkpoint(str(protos))
+        state.properties["p"] = 1
+        CheckpointState.save_checkpoint(state, str(pathlib.Path(tmp) / "state.ckpt"))
+        shutil.copy(protos, out_dir / "ext_protos.ckpt")
+        shutil.copy(pathlib.Path(tmp) / "state.ckpt", out_dir / "ext_state.ckpt")
+
+
 if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--external"]
     root = pathlib.Path(__file__).resolve().parents[1]
-    main(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else root / "tests" / "fixtures" / "checkpoint")
+    out = pathlib.Path(args[0]) if args else root / "tests" / "fixtures" / "checkpoint"
+    main(out)
+    if "--external" in sys.argv[1:]:
+        make_external(out)

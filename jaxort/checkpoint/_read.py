@@ -1,0 +1,397 @@
+"""Reading ONNX Runtime Training checkpoints: a validating flatbuffer walker.
+
+The bytes may come from anyone, so nothing here trusts an offset, a length or
+a count: every read is bounds-checked before it happens, every problem raises
+CheckpointError naming it (and the tensor), and the work done is bounded by
+the buffer size (offsets may be shared or point backwards, so the walker
+counts the objects it visits). Tensor data is returned as read-only numpy
+views of the buffer; only data misaligned for its dtype is copied.
+
+Field slots follow fbs/checkpoint.fbs and fbs/ort.fbs (a test checks this
+walker against the generated jaxort._fbs reader). Imports numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+
+from jaxort.errors import CheckpointError
+
+from ._format import CHECKPOINT_VERSION, FILE_IDENTIFIER, MAX_RANK, STRING, SUPPORTED_DTYPES, type_label
+from ._state import CheckpointState, NominalTensor, OptimizerGroup
+
+__all__ = ["parse"]
+
+# Field slots (index in the table's field list).
+_T_NAME, _T_DOC, _T_DIMS, _T_TYPE, _T_RAW, _T_STRINGS, _T_EXT = range(7)
+_M_TRAINABLE, _M_FROZEN, _M_NOMINAL, _M_EXTERNAL = range(4)
+_P_NAME, _P_MOMENTUMS = range(2)
+_G_NAME, _G_STEP, _G_LR, _G_STATES = range(4)
+_B_INTS, _B_FLOATS, _B_STRINGS = range(3)
+_C_VERSION, _C_MODULE, _C_GROUPS, _C_PROPERTIES = range(4)
+
+_MAX_BYTES = np.iinfo(np.intp).max
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_HH = struct.Struct("<HH")
+_H = struct.Struct("<H")
+
+
+class _Table:
+    __slots__ = ("pos", "vt", "vt_size", "size", "what")
+
+    def __init__(self, pos: int, vt: int, vt_size: int, size: int, what: str):
+        self.pos, self.vt, self.vt_size, self.size, self.what = pos, vt, vt_size, size, what
+
+
+class _Walker:
+    """Bounds-checked reads from one flatbuffer."""
+
+    def __init__(self, data: np.ndarray, source: str, external: Optional[Callable[[], np.ndarray]]):
+        self.data = data
+        self.mv = memoryview(data)
+        self.n = data.nbytes
+        self.source = source
+        self.base_address = data.ctypes.data
+        # Each table, string and vector visited is charged the bytes it
+        # occupies at least. Objects of a well-formed buffer do not overlap
+        # (only vtables are shared, and they are not charged), so the charges
+        # never exceed its size; offsets that share or reuse objects to make
+        # the walk (or the copies of misaligned data) grow without bound do.
+        self.budget = self.n + 64
+        self._external_loader = external
+        self._external: Optional[np.ndarray] = None
+        self._external_copy_budget = 0
+
+    def fail(self, message: str) -> CheckpointError:
+        return CheckpointError(f"{self.source}: {message}")
+
+    def spend(self, nbytes: int, what: str) -> None:
+        self.budget -= nbytes
+        if self.budget < 0:
+            raise self.fail(
+                f"{what}: the checkpoint's objects overlap, referencing more bytes than the "
+                f"{self.n} it holds (shared offsets)"
+            )
+
+    def u32(self, pos: int, what: str) -> int:
+        if pos < 0 or pos + 4 > self.n:
+            raise self.fail(f"{what}: offset {pos} is outside the buffer ({self.n} bytes)")
+        return _U32.unpack_from(self.mv, pos)[0]
+
+    # -- tables ----------------------------------------------------------
+
+    def table(self, pos: int, what: str) -> _Table:
+        self.spend(4, what)
+        if pos < 0 or pos + 4 > self.n:
+            raise self.fail(f"{what}: table offset {pos} is outside the buffer ({self.n} bytes)")
+        vt = pos - _I32.unpack_from(self.mv, pos)[0]
+        if vt < 0 or vt + 4 > self.n:
+            raise self.fail(f"{what}: vtable offset {vt} is outside the buffer ({self.n} bytes)")
+        vt_size, size = _HH.unpack_from(self.mv, vt)
+        if vt_size < 4 or vt_size % 2 or vt + vt_size > self.n:
+            raise self.fail(f"{what}: invalid vtable (size {vt_size} at offset {vt})")
+        if size < 4 or pos + size > self.n:
+            raise self.fail(f"{what}: table of {size} bytes at offset {pos} runs past the end of the buffer")
+        return _Table(pos, vt, vt_size, size, what)
+
+    def field(self, t: _Table, slot: int, size: int, name: str) -> Optional[int]:
+        voffset = 4 + 2 * slot
+        if voffset + 2 > t.vt_size:
+            return None
+        off = _H.unpack_from(self.mv, t.vt + voffset)[0]
+        if off == 0:
+            return None
+        if off + size > t.size:
+            raise self.fail(f"{t.what}: field {name} lies outside its table")
+        return t.pos + off
+
+    def scalar(self, t: _Table, slot: int, fmt: str, default: Any, name: str) -> Any:
+        s = struct.Struct("<" + fmt)
+        pos = self.field(t, slot, s.size, name)
+        return default if pos is None else s.unpack_from(self.mv, pos)[0]
+
+    def ref(self, t: _Table, slot: int, name: str) -> Optional[int]:
+        pos = self.field(t, slot, 4, name)
+        if pos is None:
+            return None
+        return pos + _U32.unpack_from(self.mv, pos)[0]
+
+    def vector(self, t: _Table, slot: int, elem_size: int, name: str) -> Optional[tuple[int, int]]:
+        """Returns (position of the first element, count), or None when absent."""
+        pos = self.ref(t, slot, name)
+        if pos is None:
+            return None
+        count = self.u32(pos, f"{t.what}: {name}")
+        start = pos + 4
+        if start + count * elem_size > self.n:
+            raise self.fail(
+                f"{t.what}: {name} claims {count} elements of {elem_size} bytes at offset {start}, "
+                f"past the end of the buffer ({self.n} bytes)"
+            )
+        self.spend(4 + count * elem_size, f"{t.what}: {name}")
+        return start, count
+
+    def tables(self, t: _Table, slot: int, name: str) -> list[int]:
+        """Returns the positions of the tables a vector of offsets points to."""
+        vec = self.vector(t, slot, 4, name)
+        if vec is None:
+            return []
+        start, count = vec
+        return [start + 4 * i + _U32.unpack_from(self.mv, start + 4 * i)[0] for i in range(count)]
+
+    def raw_string(self, pos: int, what: str) -> bytes:
+        length = self.u32(pos, what)
+        end = pos + 4 + length
+        if end + 1 > self.n:
+            raise self.fail(f"{what}: string of {length} bytes at offset {pos} runs past the end of the buffer")
+        self.spend(length + 5, what)
+        if self.mv[end] != 0:
+            raise self.fail(f"{what}: string at offset {pos} is not null-terminated")
+        return bytes(self.mv[pos + 4 : end])
+
+    def string(self, pos: int, what: str) -> str:
+        raw = self.raw_string(pos, what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what}: {raw[:40]!r} is not valid UTF-8") from None
+
+    def required_string(self, t: _Table, slot: int, name: str) -> str:
+        pos = self.ref(t, slot, name)
+        if pos is None:
+            raise self.fail(f"{t.what} has no {name}")
+        return self.string(pos, f"{t.what}: {name}")
+
+    # -- tensors ---------------------------------------------------------
+
+    def view(self, source: np.ndarray, start: int, dtype: np.dtype, shape: tuple[int, ...], external: bool) -> np.ndarray:
+        count = math.prod(shape)
+        if count == 0:
+            out = np.empty(shape, dtype)
+        else:
+            out = np.frombuffer(source, dtype=dtype, count=count, offset=start)
+            if (source.ctypes.data + start) % dtype.alignment:
+                # Misaligned data (the C++ builder aligns byte vectors to 4
+                # only, e.g. float64) is copied so arrays are always aligned.
+                # Inline data was charged to the budget when its vector was
+                # read; external data has a budget of its own.
+                if external:
+                    self._external_copy_budget -= out.nbytes
+                    if self._external_copy_budget < 0:
+                        raise self.fail("tensors share external data bytes, which no checkpoint writer does")
+                out = out.copy()
+            out = out.reshape(shape)
+        out.flags.writeable = False
+        return out
+
+    def external_data(self, what: str) -> np.ndarray:
+        if self._external is None:
+            if self._external_loader is None:
+                raise self.fail(
+                    f"{what} keeps its data in the external data file, which a checkpoint read "
+                    "from a buffer cannot reach; load it from its path"
+                )
+            self._external = self._external_loader()
+            self._external_copy_budget = self._external.nbytes
+        return self._external
+
+    def tensor(self, pos: int, what: str, nominal: bool) -> tuple[str, Any]:
+        t = self.table(pos, what)
+        name = self.required_string(t, _T_NAME, "name")
+        t.what = what = f"{what} {name!r}"
+
+        dims_vec = self.vector(t, _T_DIMS, 8, "dims")
+        if dims_vec is None:
+            raise self.fail(f"{what} has no dims")
+        start, rank = dims_vec
+        if rank > MAX_RANK:
+            raise self.fail(f"{what}: rank {rank} exceeds numpy's limit of {MAX_RANK} dimensions")
+        shape = struct.unpack_from(f"<{rank}q", self.mv, start)
+        if any(d < 0 for d in shape):
+            raise self.fail(f"{what}: negative dimension in dims {list(shape)}")
+
+        code = self.scalar(t, _T_TYPE, "i", 0, "data_type")
+        dtype = SUPPORTED_DTYPES.get(code)
+        if dtype is None:
+            raise self.fail(f"{what}: unknown or unsupported data_type {type_label(code)}")
+        # numpy refuses shapes whose nonzero dims multiply past its index
+        # range, even for empty arrays.
+        if math.prod(d for d in shape if d) * dtype.itemsize > _MAX_BYTES:
+            raise self.fail(f"{what}: dims {list(shape)} describe more data than any array can hold")
+        if nominal:
+            return name, NominalTensor(tuple(shape), dtype)
+
+        count = math.prod(shape)
+        if code == STRING:
+            return name, self._string_tensor(t, shape, count)
+
+        nbytes = count * dtype.itemsize
+        offset = self.scalar(t, _T_EXT, "q", -1, "external_data_offset")
+        if offset != -1:
+            if offset < 0:
+                raise self.fail(f"{what}: negative external_data_offset {offset}")
+            ext = self.external_data(what)
+            if offset + nbytes > ext.nbytes:
+                raise self.fail(
+                    f"{what}: external data [{offset}, {offset + nbytes}) lies past the end of the "
+                    f"external data file ({ext.nbytes} bytes)"
+                )
+            array = self.view(ext, offset, dtype, shape, external=True)
+        else:
+            raw = self.vector(t, _T_RAW, 1, "raw_data")
+            start, size = raw if raw is not None else (0, 0)
+            if size != nbytes:
+                raise self.fail(
+                    f"{what}: raw_data has {size} bytes but dims {list(shape)} of "
+                    f"{type_label(code)} need {nbytes}"
+                )
+            array = self.view(self.data, start, dtype, shape, external=False)
+        if dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
+            raise self.fail(f"{what}: BOOL data holds bytes other than 0 and 1")
+        return name, array
+
+    def _string_tensor(self, t: _Table, shape: tuple[int, ...], count: int) -> np.ndarray:
+        vec = self.vector(t, _T_STRINGS, 4, "string_data")
+        start, size = vec if vec is not None else (0, 0)
+        if size != count:
+            raise self.fail(f"{t.what}: string_data has {size} strings but dims {list(shape)} need {count}")
+        out = np.empty(count, dtype=object)
+        for i in range(count):
+            elem = start + 4 * i
+            raw = self.raw_string(elem + _U32.unpack_from(self.mv, elem)[0], f"{t.what}: string_data[{i}]")
+            try:
+                out[i] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                # ONNX strings are bytes; keep undecodable ones as bytes so
+                # they round-trip exactly.
+                out[i] = raw
+        out = out.reshape(shape)
+        out.flags.writeable = False
+        return out
+
+    def tensors(self, t: _Table, slot: int, name: str, nominal: bool, seen: dict[str, str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for i, pos in enumerate(self.tables(t, slot, name)):
+            key, value = self.tensor(pos, f"{name}[{i}]", nominal)
+            if key in seen:
+                raise self.fail(f"{name}[{i}]: tensor name {key!r} already used in {seen[key]}")
+            seen[key] = name
+            out[key] = value
+        return out
+
+    # -- the checkpoint --------------------------------------------------
+
+    def checkpoint(self) -> CheckpointState:
+        if self.n < 12:
+            raise self.fail(f"truncated: {self.n} bytes cannot hold a checkpoint")
+        ident = bytes(self.mv[4:8])
+        if ident != FILE_IDENTIFIER:
+            raise self.fail(
+                f"not an ONNX Runtime Training checkpoint: file identifier is {ident!r}, "
+                f"expected {FILE_IDENTIFIER!r}"
+            )
+        root = self.table(self.u32(0, "root offset"), "checkpoint")
+        version = self.scalar(root, _C_VERSION, "i", 0, "version")
+        if version != CHECKPOINT_VERSION:
+            raise self.fail(
+                f"unsupported checkpoint version {version}; jaxort reads version {CHECKPOINT_VERSION} "
+                "(ONNX Runtime Training 1.19)"
+            )
+
+        trainable: dict[str, Any] = {}
+        frozen: dict[str, Any] = {}
+        nominal = has_external = False
+        module_pos = self.ref(root, _C_MODULE, "module_state")
+        if module_pos is not None:
+            module = self.table(module_pos, "module_state")
+            nominal = bool(self.scalar(module, _M_NOMINAL, "?", False, "is_nominal_state"))
+            has_external = bool(self.scalar(module, _M_EXTERNAL, "?", False, "has_external_data"))
+            seen: dict[str, str] = {}
+            trainable = self.tensors(module, _M_TRAINABLE, "requires_grad_params", nominal, seen)
+            frozen = self.tensors(module, _M_FROZEN, "frozen_params", nominal, seen)
+
+        groups = []
+        group_names: set[str] = set()
+        for i, pos in enumerate(self.tables(root, _C_GROUPS, "optimizer_groups")):
+            group = self._group(pos, f"optimizer_groups[{i}]")
+            if group.name in group_names:
+                raise self.fail(f"optimizer_groups[{i}]: group name {group.name!r} appears twice")
+            group_names.add(group.name)
+            groups.append(group)
+
+        properties: dict[str, Any] = {}
+        bag_pos = self.ref(root, _C_PROPERTIES, "property_bag")
+        if bag_pos is not None:
+            properties = self._properties(self.table(bag_pos, "property_bag"))
+
+        return CheckpointState(
+            trainable=trainable,
+            frozen=frozen,
+            optimizer_groups=tuple(groups),
+            properties=properties,
+            is_nominal=nominal,
+            has_external_data=has_external,
+        )
+
+    def _group(self, pos: int, what: str) -> OptimizerGroup:
+        t = self.table(pos, what)
+        name = self.required_string(t, _G_NAME, "group_name")
+        t.what = what = f"{what} {name!r}"
+        step = self.scalar(t, _G_STEP, "q", 0, "step")
+        lr = self.scalar(t, _G_LR, "f", 0.0, "initial_learning_rate")
+        states: dict[str, dict[str, np.ndarray]] = {}
+        for i, state_pos in enumerate(self.tables(t, _G_STATES, "optimizer_states")):
+            st = self.table(state_pos, f"{what} optimizer_states[{i}]")
+            param = self.required_string(st, _P_NAME, "param_name")
+            if param in states:
+                raise self.fail(f"{st.what}: parameter {param!r} appears twice")
+            st.what = f"{st.what} {param!r}"
+            states[param] = self.tensors(st, _P_MOMENTUMS, f"{st.what} momentums", False, {})
+        return OptimizerGroup(name=name, step=int(step), initial_learning_rate=float(lr), states=states)
+
+    def _properties(self, bag: _Table) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for slot, kind, fmt, default in ((_B_INTS, "ints", "q", 0), (_B_FLOATS, "floats", "f", 0.0)):
+            for i, pos in enumerate(self.tables(bag, slot, kind)):
+                p = self.table(pos, f"property_bag.{kind}[{i}]")
+                name = self.required_string(p, 0, "name")
+                if name in out:
+                    raise self.fail(f"{p.what}: property {name!r} appears twice")
+                value = self.scalar(p, 1, fmt, default, "value")
+                out[name] = int(value) if fmt == "q" else float(value)
+        for i, pos in enumerate(self.tables(bag, _B_STRINGS, "strings")):
+            p = self.table(pos, f"property_bag.strings[{i}]")
+            name = self.required_string(p, 0, "name")
+            if name in out:
+                raise self.fail(f"{p.what}: property {name!r} appears twice")
+            out[name] = self.required_string(p, 1, "value")
+        return out
+
+
+def parse(
+    data: np.ndarray,
+    source: str,
+    external: Optional[Callable[[], np.ndarray]] = None,
+) -> CheckpointState:
+    """Parses a checkpoint held in a 1-D uint8 array.
+
+    Args:
+      data: the checkpoint bytes; arrays in the result view it.
+      source: how to name the checkpoint in errors (a path, or "buffer").
+      external: returns the external data file's bytes as a 1-D uint8 array
+        (raising CheckpointError when it is missing); None when there is no
+        path to find it.
+
+    Returns:
+      The CheckpointState.
+
+    Raises:
+      CheckpointError: the bytes are not a valid version-2 checkpoint.
+    """
+    return _Walker(data, source, external).checkpoint()
