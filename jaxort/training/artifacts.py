@@ -1,0 +1,583 @@
+"""Training artifact generation, shaped like ``onnxruntime.training.artifacts``.
+
+:func:`generate_artifacts` turns a forward ONNX model into the four files of
+ONNX Runtime Training: ``training_model.onnx``, ``eval_model.onnx``,
+``optimizer_model.onnx`` and ``checkpoint``. The loss subgraphs, input and
+output names, input order, optimizer node and checkpoint follow what
+onnxruntime-training 1.19.2 writes (its ``onnxblock`` package), so the eval
+model, optimizer model and checkpoint load in ONNX Runtime unchanged.
+
+One deliberate difference: the training model holds no gradient graph. ONNX
+Runtime builds one with its C++ gradient builder and com.microsoft gradient
+ops; jaxort computes gradients with ``jax.grad`` of the forward + loss graph,
+so the training model written here is that graph with ORT's training inputs
+(parameters as graph inputs, one ``<param>_grad.accumulation.buffer`` per
+trainable parameter, ``lazy_reset_grad``). jaxort trains from it; ONNX
+Runtime cannot: onnxruntime-training 1.19.2 loads it and computes the loss,
+but its gradient buffers stay zero, so ``Optimizer.step`` changes nothing.
+Use ORT's own ``generate_artifacts`` when ONNX Runtime must train from the
+files; jaxort trains from those too, and the eval model, optimizer model and
+checkpoint written here work with ORT's training model.
+
+A second, smaller one: in the eval model, a BatchNormalization that was in
+training mode loses its unused running-statistics outputs. ORT 1.19.2 keeps
+them, and then neither onnxruntime inference nor ORT's own ``Module`` loads
+its eval model.
+
+This module belongs to the training layer: it imports the graph and
+checkpoint layers, never the facades.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import inspect
+import os
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Optional, Union
+
+import onnx
+from onnx import TensorProto, helper
+
+from jaxort import checkpoint as _ckpt
+from jaxort.errors import TrainingError
+from jaxort.graph import load_model
+from jaxort.training.export import trim_inference_batchnorm_outputs
+
+__all__ = [
+    "Artifacts",
+    "CUSTOM_LOSS_KEY",
+    "CUSTOM_LOSS_LABELS_KEY",
+    "LossType",
+    "OptimType",
+    "build_eval_model",
+    "build_optimizer_model",
+    "build_training_model",
+    "generate_artifacts",
+]
+
+# Metadata keys a training model written with a JAX callable loss carries, so
+# a reader can refuse to train it without that callable.
+CUSTOM_LOSS_KEY = "jaxort.custom_loss"
+CUSTOM_LOSS_LABELS_KEY = "jaxort.custom_loss.label_names"
+
+# onnxruntime-training 1.19.2 reads models up to IR version 10 (ONNX 1.16)
+# and writes its optimizer model with ONNX 1.16's IR_VERSION, 10.
+_ORT_MAX_IR_VERSION = 10
+_OPTIMIZER_IR_VERSION = 10
+
+_FLOAT_TYPES = frozenset(
+    {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+
+
+class LossType(enum.Enum):
+    """Loss added on top of the model's output (values as in ORT's enum)."""
+
+    MSELoss = 1
+    CrossEntropyLoss = 2
+    BCEWithLogitsLoss = 3
+    L1Loss = 4
+
+
+class OptimType(enum.Enum):
+    """Optimizer of the generated optimizer model (values as in ORT's enum)."""
+
+    AdamW = 1
+    SGD = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Artifacts:
+    """What :func:`generate_artifacts` wrote.
+
+    ONNX Runtime's ``generate_artifacts`` returns None; jaxort returns the paths
+    and, for a JAX callable loss, the callable, which the files cannot hold.
+
+    Attributes:
+      training_model: path of ``<prefix>training_model.onnx``.
+      eval_model: path of ``<prefix>eval_model.onnx``.
+      checkpoint: path of ``<prefix>checkpoint``.
+      optimizer_model: path of ``<prefix>optimizer_model.onnx`` (None without
+        an optimizer).
+      nominal_checkpoint: path of ``<prefix>nominal_checkpoint`` (None unless
+        asked for).
+      loss_fn: the JAX callable given as ``loss`` (None for a LossType).
+      label_names: the label inputs: ``["labels"]`` or ``["target"]`` for a
+        LossType, the callable's trailing parameter names for a custom loss.
+    """
+
+    training_model: pathlib.Path
+    eval_model: pathlib.Path
+    checkpoint: pathlib.Path
+    optimizer_model: Optional[pathlib.Path] = None
+    nominal_checkpoint: Optional[pathlib.Path] = None
+    loss_fn: Optional[Callable] = None
+    label_names: tuple = ()
+
+
+class _Names:
+    """ORT's onnxblock name generator, ``onnx::<token>::<n>``.
+
+    onnxblock numbers names with a process-wide counter; jaxort counts per
+    call, so a generation gives the names ORT gives in a fresh process.
+    """
+
+    def __init__(self, start: int = 0):
+        self.count = start
+
+    def __call__(self, token: str) -> str:
+        self.count += 1
+        return f"onnx::{token}::{self.count}"
+
+
+def _find_output(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:
+    for out in model.graph.output:
+        if out.name == name:
+            return out
+    raise TrainingError(
+        f"{name!r} is not a graph output; the outputs are {[o.name for o in model.graph.output]}")
+
+
+def _value_exists(model: onnx.ModelProto, name: str) -> bool:
+    # onnxblock's node_arg_exists: a name some node reads or writes.
+    return any(name in n.input or name in n.output for n in model.graph.node)
+
+
+def _input_like(model: onnx.ModelProto, like: str, name: str) -> None:
+    # onnxblock.blocks.InputLike: a new graph input typed like an input or output.
+    for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.name == like:
+            clone = copy.deepcopy(vi)
+            clone.name = name
+            model.graph.input.append(clone)
+            return
+    raise TrainingError(f"cannot make a label input like {like!r}: no graph input or output has that name")
+
+
+def _node(model, names, op_type, inputs, **attrs) -> str:
+    out = names(f"{op_type.lower()}_output")
+    model.graph.node.append(
+        helper.make_node(op_type, list(inputs), [out], names(op_type), **attrs))
+    return out
+
+
+def _pow(model, names, x, exponent) -> str:
+    exp_name = names("pow_exponent")
+    model.graph.initializer.append(helper.make_tensor(exp_name, TensorProto.FLOAT, [1], [exponent]))
+    out = names("pow_output")
+    model.graph.node.append(helper.make_node("Pow", [x, exp_name], [out], name=names("Pow")))
+    return out
+
+
+def _reduce_mean(model, names, x) -> str:
+    # onnxblock's ReduceMean(keepdims=False): no axes, so the node is the same
+    # before and after opset 18 moved axes to an input.
+    return _node(model, names, "ReduceMean", [x], keepdims=False)
+
+
+def _mse_loss(model, names, scores, target="target") -> str:
+    if not _value_exists(model, target):
+        _input_like(model, scores, target)
+    diff = _node(model, names, "Sub", [scores, target])
+    return _reduce_mean(model, names, _pow(model, names, diff, 2.0))
+
+
+def _l1_loss(model, names, scores, target="target") -> str:
+    if not _value_exists(model, target):
+        _input_like(model, scores, target)
+    diff = _node(model, names, "Sub", [scores, target])
+    return _reduce_mean(model, names, _node(model, names, "Abs", [diff]))
+
+
+def _cross_entropy_loss(model, names, scores, labels="labels") -> str:
+    names("celoss.weight")  # onnxblock draws this name even without a weight
+    if not _value_exists(model, labels):
+        # Classes are the last axis: scores (N, C) -> labels (N,), int64.
+        vi = copy.deepcopy(_find_output(model, scores))
+        vi.name = labels
+        vi.type.tensor_type.elem_type = TensorProto.INT64
+        if vi.type.tensor_type.HasField("shape") and vi.type.tensor_type.shape.dim:
+            del vi.type.tensor_type.shape.dim[-1]
+        model.graph.input.append(vi)
+    loss = names("loss")
+    log_prob = names("log_prob")
+    model.graph.node.append(helper.make_node(
+        "SoftmaxCrossEntropyLoss", [scores, labels], [loss, log_prob],
+        reduction="mean", name=names("SoftmaxCrossEntropyLoss")))
+    return loss
+
+
+def _bce_with_logits_loss(model, names, scores, target="target") -> str:
+    # ORT 1.19.2 writes -mean(t*log(sigmoid(x)) + (1-t)*log(1-sigmoid(x))),
+    # not the log-sum-exp form; kept for identical numbers.
+    names("bceloss.pos_weight")
+    names("bceloss.weight")
+    ones = []
+    for _ in range(2):
+        ones.append(names("bceloss.sub_ones"))
+        model.graph.initializer.append(helper.make_tensor(ones[-1], TensorProto.FLOAT, [1], [1.0]))
+    if not _value_exists(model, target):
+        vi = copy.deepcopy(_find_output(model, scores))
+        vi.name = target
+        model.graph.input.append(vi)
+    sig = _node(model, names, "Sigmoid", [scores])
+    pos = _node(model, names, "Mul", [_node(model, names, "Log", [sig]), target])
+    neg = _node(model, names, "Mul", [
+        _node(model, names, "Log", [_node(model, names, "Sub", [ones[0], sig])]),
+        _node(model, names, "Sub", [ones[1], target])])
+    total = _node(model, names, "Neg", [_node(model, names, "Add", [pos, neg])])
+    return _reduce_mean(model, names, total)
+
+
+_LOSSES = {
+    LossType.MSELoss: (_mse_loss, "target"),
+    LossType.CrossEntropyLoss: (_cross_entropy_loss, "labels"),
+    LossType.BCEWithLogitsLoss: (_bce_with_logits_loss, "target"),
+    LossType.L1Loss: (_l1_loss, "target"),
+}
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    raise TrainingError("the model's opset_import has no entry for the default ONNX domain")
+
+
+def _check(model: onnx.ModelProto, what: str) -> None:
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise TrainingError(f"the generated {what} is not a valid ONNX model: {e}") from e
+
+
+def _register_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
+    # onnxblock's register_graph_outputs: the outputs become exactly `names`,
+    # typed from the existing outputs or the inferred value infos.
+    known = {vi.name: vi for vi in model.graph.value_info}
+    known.update({o.name: o for o in model.graph.output})
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise TrainingError(f"{missing} are neither graph outputs nor values with known types")
+    outputs = [copy.deepcopy(known[n]) for n in names]
+    del model.graph.output[:]
+    model.graph.output.extend(outputs)
+
+
+def _split_params(base: onnx.ModelProto, requires_grad, frozen_params):
+    init_names = [t.name for t in base.graph.initializer]
+    frozen = list(frozen_params or [])
+    if requires_grad is None:
+        # ORT 1.19.2 trains nothing when requires_grad is None (and its
+        # optimizer generation then fails); jaxort trains every floating-point
+        # initializer that is not frozen.
+        trainable = [t.name for t in base.graph.initializer
+                     if t.data_type in _FLOAT_TYPES and t.name not in set(frozen)]
+    else:
+        trainable = list(requires_grad)
+    both = sorted(set(trainable) & set(frozen))
+    if both:
+        raise TrainingError(
+            f"a parameter cannot be frozen and require gradient computation at the same time {both}")
+    unknown = [n for n in trainable + frozen if n not in init_names]
+    if unknown:
+        raise TrainingError(f"{unknown} are not initializers of the model; it has {init_names}")
+    bad = [t.name for t in base.graph.initializer
+           if t.name in set(trainable) and t.data_type not in _FLOAT_TYPES]
+    if bad:
+        raise TrainingError(f"parameters {bad} are not floating point and cannot require gradients")
+    return set(trainable), set(frozen)
+
+
+def _move_initializers_to_inputs(model: onnx.ModelProto, names: set) -> None:
+    # As onnxblock does: parameters become graph inputs (initializer order) so
+    # the training and eval sessions can share them. With no parameters named,
+    # ORT 1.19.2 moves every initializer; kept for the same files.
+    keep = []
+    for init in model.graph.initializer:
+        if not names or init.name in names:
+            model.graph.input.append(
+                helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        else:
+            keep.append(init)
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+
+
+def _disable_training_mode(model: onnx.ModelProto) -> None:
+    # onnxblock's eval model: Dropout loses its training_mode input,
+    # BatchNormalization's training_mode attribute becomes 0.
+    for node in model.graph.node:
+        if node.op_type == "Dropout" and len(node.input) > 2:
+            node.input[2] = ""
+        elif node.op_type == "BatchNormalization":
+            for attr in node.attribute:
+                if attr.name == "training_mode":
+                    attr.i = 0
+
+
+def _ort_readable_ir(model: onnx.ModelProto) -> None:
+    if model.ir_version <= _ORT_MAX_IR_VERSION:
+        return
+    needed = max(
+        (helper.find_min_ir_version_for([imp], ignore_unknown=True) for imp in model.opset_import),
+        default=3)
+    model.ir_version = max(needed, min(model.ir_version, _ORT_MAX_IR_VERSION))
+
+
+def _custom_label_names(loss: Callable, n_scores: int) -> tuple:
+    try:
+        params = list(inspect.signature(loss).parameters.values())
+    except (TypeError, ValueError):
+        return ()
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return tuple(p.name for p in positional[n_scores:])
+
+
+@dataclasses.dataclass
+class _Built:
+    training_model: onnx.ModelProto
+    eval_model: onnx.ModelProto
+    trainable: list
+    frozen: list
+    label_names: tuple
+
+
+def _build(model, requires_grad, frozen_params, loss, additional_output_names, loss_input_names,
+           name_offset=0):
+    base = copy.deepcopy(load_model(model, check=True))
+    names = _Names(name_offset)
+    trainable, frozen = _split_params(base, requires_grad, frozen_params)
+    scores = list(loss_input_names or [o.name for o in base.graph.output])
+    extra = list(additional_output_names or [])
+    n_inputs = len(base.graph.input)
+    custom = callable(loss) and not isinstance(loss, LossType)
+    if loss is None or custom:
+        outputs = scores
+    elif isinstance(loss, LossType):
+        fn, _ = _LOSSES[loss]
+        if loss is LossType.CrossEntropyLoss and _default_opset(base) < 12:
+            raise TrainingError(
+                f"CrossEntropyLoss needs SoftmaxCrossEntropyLoss (opset >= 12); the model has opset "
+                f"{_default_opset(base)}")
+        if not scores:
+            raise TrainingError("the model has no outputs to put a loss on")
+        _find_output(base, scores[0])
+        outputs = [fn(base, names, *scores)]
+    else:
+        raise TrainingError(
+            f"unknown loss {loss!r}: expected a jaxort LossType, a JAX callable, or None")
+    _check(base, "loss graph")
+    inferred = onnx.shape_inference.infer_shapes(base)
+    _register_outputs(inferred, outputs + extra)
+    label_names = tuple(i.name for i in inferred.graph.input[n_inputs:])
+    if custom:
+        label_names = _custom_label_names(loss, len(scores))
+    trainable_list = [t for t in inferred.graph.initializer if t.name in trainable]
+    frozen_list = [t for t in inferred.graph.initializer if t.name in frozen]
+    _move_initializers_to_inputs(inferred, trainable | frozen)
+    _ort_readable_ir(inferred)
+    if custom:
+        helper.set_model_props(inferred, {CUSTOM_LOSS_KEY: getattr(loss, "__qualname__", "loss"),
+                                           CUSTOM_LOSS_LABELS_KEY: ",".join(label_names)})
+    eval_model = copy.deepcopy(inferred)
+    _disable_training_mode(eval_model)
+    # Unlike ORT 1.19.2, whose eval model onnxruntime then refuses to load.
+    trim_inference_batchnorm_outputs(eval_model.graph)
+    training_model = inferred
+    buffers = [helper.make_tensor_value_info(f"{vi.name}_grad.accumulation.buffer",
+                                             vi.type.tensor_type.elem_type,
+                                             [d.dim_value for d in vi.type.tensor_type.shape.dim])
+               for vi in training_model.graph.input if vi.name in trainable]
+    training_model.graph.input.extend(buffers)
+    training_model.graph.input.append(
+        helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1]))
+    return _Built(training_model, eval_model, trainable_list, frozen_list, label_names), names
+
+
+def build_training_model(model, requires_grad=None, frozen_params=None, loss=None, *,
+                         additional_output_names=None, loss_input_names=None, name_offset=0):
+    """Builds the training and eval models in memory (no files).
+
+    Args:
+      model: the forward model (path, bytes or ModelProto).
+      requires_grad, frozen_params, loss, additional_output_names,
+        loss_input_names: as for :func:`generate_artifacts`.
+      name_offset: start of the ``onnx::<token>::<n>`` counter. ORT 1.19.2
+        counts across a whole process; pass the count ORT had reached to get
+        its names exactly.
+
+    Returns:
+      ``(training_model, eval_model, trainable, frozen)``: two ModelProtos and
+      the parameter TensorProtos, trainable then frozen, in initializer order.
+
+    Raises:
+      TrainingError: an unknown parameter or output, or a bad loss.
+    """
+    built, _ = _build(model, requires_grad, frozen_params, loss, additional_output_names,
+                      loss_input_names, name_offset)
+    return built.training_model, built.eval_model, built.trainable, built.frozen
+
+
+def build_eval_model(model, requires_grad=None, frozen_params=None, loss=None, **kwargs):
+    """The eval model :func:`generate_artifacts` would write (a ModelProto)."""
+    return build_training_model(model, requires_grad, frozen_params, loss, **kwargs)[1]
+
+
+def build_optimizer_model(optimizer: OptimType, param_dtype: int = TensorProto.FLOAT,
+                          opset: int = 17, *, name_offset: int = 0) -> onnx.ModelProto:
+    """The optimizer model ORT 1.19.2's ``generate_artifacts`` writes.
+
+    One com.microsoft node: ``AdamWOptimizer`` with onnxblock's default
+    attributes (alpha 0.9, beta 0.999, epsilon 1e-6, weight_decay 0,
+    correct_bias 1, adam_mode 1), or ``SGDOptimizerV2``. Inputs are
+    learning_rate, step, and tensor sequences params, gradients,
+    first_order_moments (and second_order_moments for AdamW); the output is a
+    bool "updated" flag. IR version 10, producer "orttraining", as ORT writes.
+
+    Args:
+      optimizer: the optimizer type.
+      param_dtype: element type (TensorProto enum) of the parameter sequences.
+      opset: the default-domain opset (the training model's).
+      name_offset: counter value before the optimizer's names are drawn
+        (ORT shares one counter with the loss names).
+
+    Returns:
+      The optimizer ModelProto.
+    """
+    names = _Names(name_offset)
+    model = onnx.ModelProto()
+    model.ir_version = _OPTIMIZER_IR_VERSION
+    model.producer_name = "orttraining"
+    model.graph.name = "graph"
+    model.opset_import.extend((helper.make_opsetid("com.microsoft", 1), helper.make_opsetid("", opset)))
+    g = model.graph
+    g.input.extend([helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
+                    helper.make_tensor_value_info("step", TensorProto.INT64, [1])])
+    for name in ("params", "gradients", "first_order_moments"):
+        g.input.append(helper.make_tensor_sequence_value_info(name, param_dtype, None))
+    if optimizer is OptimType.AdamW:
+        g.input.append(helper.make_tensor_sequence_value_info("second_order_moments", param_dtype, None))
+        out = names("adamw.updated_flag")
+        g.node.append(helper.make_node(
+            "AdamWOptimizer",
+            ["learning_rate", "step", "params", "gradients", "first_order_moments",
+             "second_order_moments"],
+            [out], name=names("AdamWOptimizer"), domain="com.microsoft",
+            alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.0, correct_bias=1, adam_mode=1))
+    elif optimizer is OptimType.SGD:
+        out = names("update_completed")
+        # ORT 1.19.2 passes (learning_rate, params, gradients); step and the
+        # moments stay unused graph inputs.
+        g.node.append(helper.make_node("SGDOptimizerV2", ["learning_rate", "params", "gradients"],
+                                       [out], name=names("SGDOptimizerV2"), domain="com.microsoft"))
+    else:
+        raise TrainingError(f"unknown optimizer {optimizer!r}: expected OptimType.AdamW or OptimType.SGD")
+    g.output.append(helper.make_tensor_value_info(out, TensorProto.BOOL, [1]))
+    return model
+
+
+def generate_artifacts(
+    model,
+    requires_grad: Optional[Sequence[str]] = None,
+    frozen_params: Optional[Sequence[str]] = None,
+    loss: Union[LossType, Callable, None] = None,
+    optimizer: Optional[OptimType] = None,
+    artifact_directory: Union[str, os.PathLike, None] = None,
+    prefix: str = "",
+    ort_format: bool = False,
+    custom_op_library=None,
+    additional_output_names: Optional[Sequence[str]] = None,
+    nominal_checkpoint: bool = False,
+    loss_input_names: Optional[Sequence[str]] = None,
+) -> Artifacts:
+    """Writes training artifacts for ``model``, like ORT's ``generate_artifacts``.
+
+    The parameters are those of ``onnxruntime.training.artifacts.
+    generate_artifacts`` (1.19.2), in the same order. Files:
+    ``<prefix>training_model.onnx`` (forward + loss, parameters as inputs,
+    gradient buffers and ``lazy_reset_grad``, no gradient graph: see the
+    module docstring), ``<prefix>eval_model.onnx`` (forward + loss, standard
+    ONNX ops only), ``<prefix>checkpoint`` (and ``<prefix>nominal_checkpoint``)
+    and ``<prefix>optimizer_model.onnx``.
+
+    Label inputs are named as ORT names them: ``labels`` (int64, the output
+    shape without its last axis) for CrossEntropyLoss, ``target`` (the
+    output's type and shape) for the others. Training model inputs: user
+    inputs, labels, parameters (initializer order), one
+    ``<param>_grad.accumulation.buffer`` per trainable parameter,
+    ``lazy_reset_grad``; outputs: the loss, then ``additional_output_names``.
+
+    Args:
+      model: the forward model: a path, bytes or ``onnx.ModelProto``.
+      requires_grad: initializers to train. None trains every floating-point
+        initializer not in ``frozen_params`` (ORT 1.19.2 would train nothing).
+      frozen_params: initializers kept as frozen parameters (in the
+        checkpoint, not trained). Initializers in neither list stay constants.
+      loss: a :class:`LossType`; a JAX callable ``loss(*outputs, *labels) ->
+        scalar`` (jaxort-only: the models then end at the loss inputs, and the
+        callable comes back in the result for
+        ``TrainProgram.from_artifacts(..., loss_fn=...)``); or None (the
+        model's first output is the loss).
+      optimizer: :class:`OptimType`; None writes no optimizer model.
+      artifact_directory: where to write (created if missing); default the
+        current directory.
+      prefix: prepended to every file name.
+      ort_format: ORT's flatbuffer model format; not supported (must be False).
+      custom_op_library: not supported (must be None).
+      additional_output_names: values returned after the loss.
+      nominal_checkpoint: also write a nominal checkpoint (names, shapes and
+        types without data).
+      loss_input_names: the values the loss reads (default: every graph
+        output); a second name, if it is an existing value, is the label.
+
+    Returns:
+      :class:`Artifacts` with the paths written (ORT returns None).
+
+    Raises:
+      TrainingError: unknown or conflicting parameters, an unknown loss or
+        optimizer, an invalid resulting model, or an unsupported option.
+
+    Example:
+      >>> generate_artifacts("model.onnx", loss=LossType.CrossEntropyLoss,
+      ...                    optimizer=OptimType.AdamW, artifact_directory="out")  # doctest: +SKIP
+    """
+    if ort_format:
+        raise TrainingError("ort_format=True is not supported: jaxort writes ONNX models only")
+    if custom_op_library is not None:
+        raise TrainingError("custom_op_library is not supported: jaxort runs no ORT kernels")
+    if optimizer is not None and not isinstance(optimizer, OptimType):
+        raise TrainingError(f"unknown optimizer {optimizer!r}: expected OptimType.AdamW or OptimType.SGD")
+    built, names = _build(model, requires_grad, frozen_params, loss, additional_output_names,
+                          loss_input_names)
+    if optimizer is not None and not built.trainable:
+        raise TrainingError("an optimizer model needs at least one trainable parameter")
+
+    out_dir = pathlib.Path(artifact_directory) if artifact_directory is not None else pathlib.Path.cwd()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {k: out_dir / f"{prefix}{k}" for k in (
+        "training_model.onnx", "eval_model.onnx", "checkpoint", "nominal_checkpoint",
+        "optimizer_model.onnx")}
+    onnx.save(built.training_model, paths["training_model.onnx"])
+    onnx.save(built.eval_model, paths["eval_model.onnx"])
+    _ckpt.save_tensors(built.trainable, built.frozen, paths["checkpoint"], nominal=False)
+    if nominal_checkpoint:
+        _ckpt.save_tensors(built.trainable, built.frozen, paths["nominal_checkpoint"], nominal=True)
+    if optimizer is not None:
+        opt = build_optimizer_model(optimizer, built.trainable[0].data_type,
+                                    _default_opset(built.eval_model),
+                                    name_offset=names.count)
+        onnx.save(opt, paths["optimizer_model.onnx"])
+    custom = callable(loss) and not isinstance(loss, LossType)
+    return Artifacts(
+        training_model=paths["training_model.onnx"],
+        eval_model=paths["eval_model.onnx"],
+        checkpoint=paths["checkpoint"],
+        optimizer_model=paths["optimizer_model.onnx"] if optimizer is not None else None,
+        nominal_checkpoint=paths["nominal_checkpoint"] if nominal_checkpoint else None,
+        loss_fn=loss if custom else None,
+        label_names=built.label_names,
+    )
