@@ -1,0 +1,78 @@
+"""The training layer: TrainState, TrainProgram, ORT optimizers and schedules.
+
+``TrainProgram.from_artifacts(training_model, eval_model, optimizer_model)``
+reads ONNX Runtime Training artifacts (or jaxort's); its steps are pure,
+jitted functions over an immutable :class:`TrainState`::
+
+    program = TrainProgram.from_artifacts("training_model.onnx", "eval_model.onnx",
+                                          "optimizer_model.onnx", checkpoint=ckpt)
+    state = set_learning_rate(program.init_state(ckpt), 0.01)
+    state, (loss,) = program.train_step(state, x, y)
+    state = program.lazy_reset_grad(program.optimizer_step(state))
+    ckpt_out = program.to_checkpoint(state)
+
+ORT's optimizers are optax transforms (:func:`scale_by_ort_adamw`,
+:func:`scale_by_ort_sgd`); learning-rate schedules are optax schedules of the
+optimizer step (:func:`linear_lr_schedule`, applied with :func:`apply_schedule`).
+This layer knows nothing of the session facades.
+"""
+
+from jaxort.training.optimizers import (
+    DEFAULT_LEARNING_RATE,
+    OrtOptimizer,
+    ScaleByOrtAdamWState,
+    ScaleByOrtSgdState,
+    adamw_optimizer,
+    optimizer_from_model,
+    ort_adamw,
+    ort_sgd,
+    scale_by_ort_adamw,
+    scale_by_ort_sgd,
+    sgd_optimizer,
+)
+from jaxort.training.ort_artifacts import (
+    TrainingModelInfo,
+    describe_training_model,
+    slice_model,
+)
+from jaxort.training.precision import Policy, bfloat16_policy, cast_model
+from jaxort.training.program import TrainProgram
+from jaxort.training.schedules import linear_lr_schedule
+from jaxort.training.state import (
+    TrainState,
+    apply_schedule,
+    set_initial_learning_rate,
+    set_learning_rate,
+    set_seed,
+    state_from_checkpoint,
+    state_to_checkpoint,
+)
+
+__all__ = [
+    "DEFAULT_LEARNING_RATE",
+    "OrtOptimizer",
+    "Policy",
+    "ScaleByOrtAdamWState",
+    "ScaleByOrtSgdState",
+    "TrainProgram",
+    "TrainState",
+    "TrainingModelInfo",
+    "adamw_optimizer",
+    "apply_schedule",
+    "bfloat16_policy",
+    "cast_model",
+    "describe_training_model",
+    "linear_lr_schedule",
+    "optimizer_from_model",
+    "ort_adamw",
+    "ort_sgd",
+    "scale_by_ort_adamw",
+    "scale_by_ort_sgd",
+    "set_initial_learning_rate",
+    "set_learning_rate",
+    "set_seed",
+    "sgd_optimizer",
+    "slice_model",
+    "state_from_checkpoint",
+    "state_to_checkpoint",
+]

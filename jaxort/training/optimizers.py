@@ -1,0 +1,375 @@
+"""ONNX Runtime Training's optimizers as optax gradient transformations.
+
+ORT runs its optimizer as a one-node ``optimizer_model.onnx``:
+``com.microsoft::AdamWOptimizer`` or ``com.microsoft::SGDOptimizerV2``. The
+transforms here reproduce those kernels (onnxruntime 1.19.2,
+``orttraining/training_ops/cpu/optimizer``) operation by operation in float32,
+so a jaxort run and an ORT run agree to float32 rounding:
+
+AdamW, with ``t`` the 1-based step (ORT feeds ``group step + 1``), ``lr`` the
+learning rate, ``g`` the gradient and float32 scalars ``ac = 1 - alpha**t``,
+``bc = 1 - beta**t`` (both 1 when ``correct_bias`` is 0)::
+
+    m = alpha * m + (1 - alpha) * g
+    v = beta * v + (1 - beta) * g * g
+    adam_mode 0 (PyTorch):      w = w - w * lr * wd                  (decay first)
+                                w = w - (lr * m) / (ac * (sqrt(v / bc) + eps))
+    adam_mode 1 (HuggingFace):  w = w - (lr * sqrt(bc) / ac) * m / (sqrt(v) + eps)
+                                w = w - lr * wd * w                  (decay after)
+
+SGDOptimizerV2: ``w = w - lr * g`` (no momentum, no weight decay; ORT still
+saves a zero ``momentum0`` per parameter in its checkpoints).
+
+Each transform is a ``optax.GradientTransformationExtraArgs``: its ``update``
+takes the usual ``(updates, state, params)`` plus the keyword-only extra
+arguments ``learning_rate`` (overrides the configured value) and ``step``
+(the 1-based step ORT's kernel receives; by default the state's count + 1).
+The returned updates are ``new_params - params``, to be added with
+``optax.apply_updates``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from onnx import helper
+
+from jaxort.errors import TrainingError
+
+__all__ = [
+    "ScaleByOrtAdamWState",
+    "ScaleByOrtSgdState",
+    "scale_by_ort_adamw",
+    "scale_by_ort_sgd",
+    "ort_adamw",
+    "ort_sgd",
+    "OrtOptimizer",
+    "adamw_optimizer",
+    "sgd_optimizer",
+    "optimizer_from_model",
+    "DEFAULT_LEARNING_RATE",
+]
+
+# The learning rate of a freshly built ORT optimizer (onnxruntime 1.19.2).
+DEFAULT_LEARNING_RATE = 1e-3
+
+ScalarOrSchedule = Union[float, jax.Array, Callable[[jax.Array], jax.Array], None]
+
+
+class ScaleByOrtAdamWState(NamedTuple):
+    """State of :func:`scale_by_ort_adamw`.
+
+    Attributes:
+      count: optimizer steps taken (int32 scalar).
+      mu: first moments, ORT's ``momentum0`` (same tree as params).
+      nu: second moments, ORT's ``momentum1``.
+    """
+
+    count: jax.Array
+    mu: Any
+    nu: Any
+
+
+class ScaleByOrtSgdState(NamedTuple):
+    """State of :func:`scale_by_ort_sgd`: just the step count (SGDOptimizerV2 keeps no moments)."""
+
+    count: jax.Array
+
+
+def _f32(x) -> jax.Array:
+    return jnp.asarray(x, jnp.float32)
+
+
+def _resolve_lr(configured: ScalarOrSchedule, given, count) -> jax.Array:
+    if given is not None:
+        return _f32(given).reshape(())
+    if configured is None:
+        raise TrainingError(
+            "this ORT optimizer transform was built without a learning rate; pass "
+            "learning_rate=... to update()")
+    if callable(configured):
+        return _f32(configured(count)).reshape(())
+    return _f32(configured).reshape(())
+
+
+def _power(base: np.float32, step: jax.Array) -> jax.Array:
+    """``base ** step`` in float32 for an integer ``step``.
+
+    ORT 1.19.2 computes ``std::pow(float, int64)`` in double and rounds to
+    float; float32 ``pow`` agrees with that to about one ulp.
+    """
+    return jnp.power(jnp.float32(base), step.astype(jnp.float32))
+
+
+def scale_by_ort_adamw(
+    learning_rate: ScalarOrSchedule = None,
+    *,
+    alpha: float = 0.9,
+    beta: float = 0.999,
+    epsilon: float = 1e-6,
+    weight_decay: float = 0.0,
+    adam_mode: int = 1,
+    correct_bias: bool = True,
+) -> optax.GradientTransformationExtraArgs:
+    """ORT's ``com.microsoft::AdamWOptimizer`` kernel as an optax transform.
+
+    Args:
+      learning_rate: a float, an optax schedule of the step count, or None
+        (then every ``update`` call must pass ``learning_rate=``).
+      alpha: beta1 (the ``alpha`` attribute).
+      beta: beta2 (the ``beta`` attribute).
+      epsilon: added to the denominator.
+      weight_decay: decoupled weight decay.
+      adam_mode: 0 for PyTorch's AdamW (decay before the update, bias
+        correction on the moments), 1 for HuggingFace's (bias correction folded
+        into the learning rate, decay after the update).
+      correct_bias: apply bias correction.
+
+    Returns:
+      A ``GradientTransformationExtraArgs`` whose update returns
+      ``new_params - params``; ``params`` is required.
+
+    Raises:
+      TrainingError: an unsupported ``adam_mode``.
+
+    Example:
+      >>> tx = scale_by_ort_adamw(1e-3)
+      >>> p = {"w": jnp.ones(3)}
+      >>> u, s = tx.update({"w": jnp.ones(3)}, tx.init(p), p)
+    """
+    if adam_mode not in (0, 1):
+        raise TrainingError(f"AdamWOptimizer adam_mode must be 0 or 1, got {adam_mode}")
+    # ORT stores the attributes as float32 and computes in float32.
+    a = np.float32(alpha)
+    b = np.float32(beta)
+    eps = np.float32(epsilon)
+    wd = np.float32(weight_decay)
+    one = np.float32(1.0)
+
+    def init_fn(params):
+        zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
+        return ScaleByOrtAdamWState(jnp.zeros((), jnp.int32), zeros,
+                                    jax.tree_util.tree_map(jnp.copy, zeros))
+
+    def update_fn(updates, state, params=None, *, learning_rate=None, step=None, **extra):
+        del extra
+        if params is None:
+            raise TrainingError("scale_by_ort_adamw needs params (decoupled weight decay)")
+        lr = _resolve_lr(learning_rate_cfg, learning_rate, state.count)
+        t = state.count + 1 if step is None else jnp.asarray(step).reshape(())
+        if correct_bias:
+            ac = one - _power(a, t)
+            bc = one - _power(b, t)
+        else:
+            ac = jnp.float32(1.0)
+            bc = jnp.float32(1.0)
+        lr_corrected = lr * (jnp.sqrt(bc) / ac)
+
+        def one_param(g, m, v, w):
+            g = g.astype(jnp.float32)
+            w32 = w.astype(jnp.float32)
+            m = a * m + (one - a) * g
+            v = b * v + ((one - b) * g) * g
+            if adam_mode == 0:
+                w_new = w32 - (w32 * lr) * wd
+                denom = jnp.sqrt(v / bc) + eps
+                w_new = w_new - (lr * m) / (ac * denom)
+            else:
+                denom = jnp.sqrt(v) + eps
+                w_new = w32 - (lr_corrected * m) / denom
+                w_new = w_new - (lr * wd) * w_new
+            return (w_new - w32).astype(w.dtype), m, v
+
+        flat = jax.tree_util.tree_map(one_param, updates, state.mu, state.nu, params)
+        treedef = jax.tree_util.tree_structure(updates)
+        leaves = treedef.flatten_up_to(flat)
+        new_updates = treedef.unflatten([x[0] for x in leaves])
+        mu = treedef.unflatten([x[1] for x in leaves])
+        nu = treedef.unflatten([x[2] for x in leaves])
+        return new_updates, ScaleByOrtAdamWState(state.count + 1, mu, nu)
+
+    learning_rate_cfg = learning_rate
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def scale_by_ort_sgd(learning_rate: ScalarOrSchedule = None) -> optax.GradientTransformationExtraArgs:
+    """ORT's ``com.microsoft::SGDOptimizerV2`` kernel (``w - lr * g``) as an optax transform.
+
+    Args:
+      learning_rate: a float, an optax schedule of the step count, or None
+        (then every ``update`` call must pass ``learning_rate=``).
+
+    Returns:
+      A ``GradientTransformationExtraArgs`` whose update returns
+      ``new_params - params`` (``params`` is required, so that adding the
+      update gives ORT's float32 result).
+
+    Example:
+      >>> tx = scale_by_ort_sgd(0.1)
+      >>> p = {"w": jnp.ones(3)}
+      >>> u, s = tx.update({"w": jnp.ones(3)}, tx.init(p), p)
+    """
+    learning_rate_cfg = learning_rate
+
+    def init_fn(params):
+        del params
+        return ScaleByOrtSgdState(jnp.zeros((), jnp.int32))
+
+    def update_fn(updates, state, params=None, *, learning_rate=None, step=None, **extra):
+        del step, extra
+        if params is None:
+            raise TrainingError("scale_by_ort_sgd needs params")
+        lr = _resolve_lr(learning_rate_cfg, learning_rate, state.count)
+
+        def one_param(g, w):
+            w32 = w.astype(jnp.float32)
+            # ORT: delta = -lr * g; w = w + delta
+            w_new = w32 + (-lr) * g.astype(jnp.float32)
+            return (w_new - w32).astype(w.dtype)
+
+        new_updates = jax.tree_util.tree_map(one_param, updates, params)
+        return new_updates, ScaleByOrtSgdState(state.count + 1)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def ort_adamw(learning_rate: ScalarOrSchedule = DEFAULT_LEARNING_RATE, **kwargs) -> optax.GradientTransformationExtraArgs:
+    """ORT's AdamW with a learning rate, ready for ``optax.apply_updates``.
+
+    Same as :func:`scale_by_ort_adamw` (the learning rate is part of ORT's
+    update formula, so there is no separate ``scale_by_learning_rate``).
+
+    Args:
+      learning_rate: a float or an optax schedule of the step count.
+      **kwargs: the attributes of :func:`scale_by_ort_adamw`.
+
+    Returns:
+      The transform.
+    """
+    return scale_by_ort_adamw(learning_rate, **kwargs)
+
+
+def ort_sgd(learning_rate: ScalarOrSchedule = DEFAULT_LEARNING_RATE) -> optax.GradientTransformationExtraArgs:
+    """ORT's SGDOptimizerV2 with a learning rate (see :func:`scale_by_ort_sgd`).
+
+    Args:
+      learning_rate: a float or an optax schedule of the step count.
+
+    Returns:
+      The transform.
+    """
+    return scale_by_ort_sgd(learning_rate)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OrtOptimizer:
+    """An ORT optimizer node turned into an optax transform, with what it was made from.
+
+    Attributes:
+      optimizer_type: ``"AdamW"`` or ``"SGD"``.
+      hyperparameters: the node's attributes (AdamW: alpha, beta, epsilon,
+        weight_decay, adam_mode, correct_bias; SGD: none).
+      transform: the ``GradientTransformationExtraArgs``; it takes the learning
+        rate and step as extra arguments.
+      moment_names: the checkpoint names of the per-parameter states ORT saves
+        (``("momentum0", "momentum1")`` for AdamW, ``("momentum0",)`` for SGD).
+    """
+
+    optimizer_type: str
+    hyperparameters: dict
+    transform: optax.GradientTransformationExtraArgs
+    moment_names: tuple
+
+    def init(self, params):
+        """``transform.init``."""
+        return self.transform.init(params)
+
+    def update(self, updates, state, params=None, **extra_args):
+        """``transform.update``."""
+        return self.transform.update(updates, state, params, **extra_args)
+
+    def moments(self, opt_state) -> dict:
+        """Returns {moment name: params-shaped tree} of the per-parameter states ORT saves.
+
+        For SGD this is empty; ORT's zero ``momentum0`` is made by the checkpoint conversion.
+        """
+        if isinstance(opt_state, ScaleByOrtAdamWState):
+            return {"momentum0": opt_state.mu, "momentum1": opt_state.nu}
+        return {}
+
+    def with_moments(self, opt_state, moments: dict, count) -> Any:
+        """Returns ``opt_state`` with the saved moments and step count put back."""
+        count = jnp.asarray(count, jnp.int32)
+        if isinstance(opt_state, ScaleByOrtAdamWState):
+            return ScaleByOrtAdamWState(count, moments.get("momentum0", opt_state.mu),
+                                        moments.get("momentum1", opt_state.nu))
+        return opt_state._replace(count=count)
+
+
+def adamw_optimizer(**attributes) -> OrtOptimizer:
+    """An :class:`OrtOptimizer` for AdamW with ORT's default attributes, overridable.
+
+    Args:
+      **attributes: alpha, beta, epsilon, weight_decay, adam_mode, correct_bias.
+
+    Returns:
+      The optimizer; its learning rate comes from the train state.
+    """
+    hp = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-6, "weight_decay": 0.0,
+          "adam_mode": 1, "correct_bias": 1}
+    unknown = set(attributes) - set(hp)
+    if unknown:
+        raise TrainingError(f"unknown AdamWOptimizer attributes {sorted(unknown)}")
+    hp.update(attributes)
+    tx = scale_by_ort_adamw(
+        None, alpha=hp["alpha"], beta=hp["beta"], epsilon=hp["epsilon"],
+        weight_decay=hp["weight_decay"], adam_mode=int(hp["adam_mode"]),
+        correct_bias=bool(hp["correct_bias"]))
+    return OrtOptimizer("AdamW", hp, tx, ("momentum0", "momentum1"))
+
+
+def sgd_optimizer() -> OrtOptimizer:
+    """An :class:`OrtOptimizer` for SGDOptimizerV2 (plain SGD).
+
+    Returns:
+      The optimizer; its learning rate comes from the train state.
+    """
+    return OrtOptimizer("SGD", {}, scale_by_ort_sgd(None), ("momentum0",))
+
+
+def optimizer_from_model(model) -> OrtOptimizer:
+    """Reads an ORT ``optimizer_model.onnx`` into an :class:`OrtOptimizer`.
+
+    Args:
+      model: an ``onnx.ModelProto`` (see ``jaxort.graph.load_model`` for
+        paths and bytes).
+
+    Returns:
+      The optimizer described by the model's single optimizer node.
+
+    Raises:
+      TrainingError: the model has no known optimizer node
+        (``com.microsoft::AdamWOptimizer`` or ``com.microsoft::SGDOptimizerV2``).
+    """
+    nodes = [n for n in model.graph.node if n.op_type not in ("Constant", "Identity")]
+    known = {"AdamWOptimizer": "AdamW", "SGDOptimizerV2": "SGD"}
+    for node in nodes:
+        if node.op_type in known and node.domain in ("com.microsoft", ""):
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            if node.op_type == "SGDOptimizerV2":
+                if attrs:
+                    raise TrainingError(
+                        f"SGDOptimizerV2 node {node.name!r} has attributes {sorted(attrs)}; "
+                        "ORT's has none")
+                return sgd_optimizer()
+            return adamw_optimizer(**{k: (float(v) if isinstance(v, float) else int(v)) for k, v in attrs.items()})
+    found = [f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in nodes]
+    raise TrainingError(
+        f"the optimizer model has no supported optimizer node; found {found}, jaxort "
+        "supports com.microsoft::AdamWOptimizer and com.microsoft::SGDOptimizerV2")
+
