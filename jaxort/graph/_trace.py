@@ -448,16 +448,34 @@ def _run_program(prog: _Program, env, runtime: _Runtime) -> None:
                 env[name] = value
 
 
-def _prune(prog: _Program, wanted: Sequence[str]) -> list:
-    """Returns the nodes needed to compute ``wanted`` (topological order kept)."""
+def _proto_free_names(graph: onnx.GraphProto) -> set:
+    """Names a subgraph reads from its enclosing scopes."""
+    bound = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    free = set()
+    for n in graph.node:
+        free.update(i for i in n.input if i and i not in bound)
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                free.update(x for x in _proto_free_names(g) if x not in bound)
+        bound.update(o for o in n.output if o)
+    return free
+
+
+def _prune(nodes: Sequence[onnx.NodeProto], wanted: Sequence[str]) -> list:
+    """Returns the nodes needed to compute ``wanted`` (topological order kept).
+
+    Pruning happens on the protos, before handlers are looked up, so a slice
+    never needs ops it does not use (an ORT training model's gradient nodes).
+    """
     needed = set(wanted)
     keep = []
-    for node in reversed(prog.nodes):
-        if any(o in needed for o in node.outputs if o):
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output if o):
             keep.append(node)
-            needed.update(i for i in node.inputs if i)
-            for sub in node.subgraphs.values():
-                needed.update(sub.free_names)
+            needed.update(i for i in node.input if i)
+            for a in node.attribute:
+                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    needed.update(_proto_free_names(g))
     keep.reverse()
     return keep
 
@@ -520,8 +538,9 @@ class JaxGraph:
         import jaxort.graph.ops  # noqa: F401  (fills the registry)
 
         prep = _Preparer(self.opsets, functions)
-        full = prep.program(graph)
-        initializers = full.constants
+        initializers = {t.name: _tensor_to_numpy(t) for t in graph.initializer}
+        for sp in graph.sparse_initializer:
+            initializers[sp.values.name] = _sparse_to_numpy(sp)
         default_params = params is None
         if default_params:
             params = [n for n, v in initializers.items() if v.dtype.kind in "fc"
@@ -542,7 +561,7 @@ class JaxGraph:
 
         value_infos = {v.name: _value_info(v) for v in list(graph.value_info) + list(graph.output)}
         value_infos.update(graph_inputs)
-        produced = {o for n in full.nodes for o in n.outputs if o}
+        produced = {o for n in graph.node for o in n.output if o}
         if outputs is None:
             outputs = [o.name for o in graph.output]
         outputs = list(outputs) + list(extra_outputs)
@@ -553,7 +572,8 @@ class JaxGraph:
                 f"unknown output names {missing}: not produced by any node, nor graph inputs "
                 "or initializers")
 
-        nodes = _prune(full, outputs)
+        kept = _prune(graph.node, outputs)
+        nodes = [prep.node(n, self.opsets) for n in kept]
         bound = set(inputs) | set(param_inputs) | set(initializers)
         needed_free = _free_names(nodes, bound)
         if needed_free:
