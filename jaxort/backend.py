@@ -73,10 +73,11 @@ class JaxBackendRep(BackendRep):
             inputs = [inputs[n] for n in names]
         elif isinstance(inputs, np.ndarray):
             inputs = [inputs]
-        inputs = [np.asarray(x) if not isinstance(x, (list, np.ndarray)) else x for x in inputs]
+        inputs = [x if x is None or isinstance(x, (list, np.ndarray)) else np.asarray(x)
+                  for x in inputs]
         with x64_enabled_scope():
-            if any(isinstance(x, list) or (isinstance(x, np.ndarray) and x.dtype == object)
-                   for x in inputs):
+            if any(x is None or isinstance(x, list)
+                   or (isinstance(x, np.ndarray) and x.dtype == object) for x in inputs):
                 # Strings and sequences cannot cross a jit boundary: evaluate at
                 # trace time, where such values stay numpy.
                 outs = self.graph.apply(self.graph.params, *inputs)

@@ -58,12 +58,15 @@ class TensorInfo:
     name: str
     shape: tuple | None
     dtype: np.dtype | None
+    kind: str = "tensor"
 
 
 def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
     t = vi.type
     if not t.HasField("tensor_type"):
-        return TensorInfo(vi.name, None, None)
+        # Sequences are Python lists, optionals None or a value.
+        kind = t.WhichOneof("value") or "tensor"
+        return TensorInfo(vi.name, None, None, kind.replace("_type", ""))
     tt = t.tensor_type
     try:
         dtype = to_numpy_dtype(tt.elem_type) if tt.elem_type else None
@@ -415,7 +418,8 @@ def _call_node(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tupl
             raise
         except Exception as e:
             raise OpError(f"{node.describe} failed: {type(e).__name__}: {e}") from e
-    if not isinstance(result, (tuple, list)):
+    if not isinstance(result, tuple):
+        # A list is one sequence value; several outputs come as a tuple.
         result = (result,)
     n_out = len(node.outputs)
     while n_out and not node.outputs[n_out - 1]:
@@ -696,6 +700,8 @@ def _as_output(value):
 
 
 def _check_value(info: TensorInfo, x, what: str) -> None:
+    if info.kind != "tensor":
+        return
     shape = getattr(x, "shape", None)
     dtype = getattr(x, "dtype", None)
     if shape is None or dtype is None:

@@ -2,6 +2,7 @@
 
 import importlib.util
 import pathlib
+import sys
 
 import onnx
 import pytest
@@ -18,6 +19,7 @@ def _covered_ops() -> set:
             continue
         spec = importlib.util.spec_from_file_location(f"_coverage_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up here
         spec.loader.exec_module(module)
         covered |= set(getattr(module, "COVERED_OPS", ()))
     return covered
