@@ -1,0 +1,238 @@
+"""CheckpointState, Parameters, Parameter and Properties of ``jaxort.api``.
+
+Same names and behaviour as ``onnxruntime.training.api.checkpoint_state``
+(ORT 1.19.2), over :class:`jaxort.session.CheckpointState`. Facade code: it
+imports ``jaxort.session`` and must not be imported by the layers below.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Optional, Union
+
+import numpy as np
+
+from jaxort import checkpoint as _ckpt
+from jaxort import session as _session
+
+__all__ = ["CheckpointState", "Parameter", "Parameters", "Properties"]
+
+
+class Parameter:
+    """One model parameter: its name, data, gradient and whether it is trained.
+
+    Returned by ``state.parameters[name]``; not made directly. Reads give
+    numpy copies; setting ``data`` writes through to the state (and the
+    Module's training state, if a Module was created from it).
+    """
+
+    def __init__(self, name: str, state: _session.CheckpointState):
+        self._name = name
+        self._state = state
+
+    @property
+    def name(self) -> str:
+        """The parameter's name (the ONNX initializer name)."""
+        return self._name
+
+    @property
+    def data(self) -> np.ndarray:
+        """The parameter's value (a numpy copy)."""
+        return self._state.get_parameter(self._name)
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        """Replaces the value; shape and dtype must match (InputError otherwise)."""
+        self._state.update_parameter(self._name, value)
+
+    @property
+    def grad(self) -> Optional[np.ndarray]:
+        """The accumulated gradient, or None (frozen parameter, or no Module yet)."""
+        return self._state.get_gradient(self._name)
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether the parameter is trainable."""
+        return self._state.requires_grad(self._name)
+
+    def __repr__(self) -> str:
+        return f"Parameter(name={self.name}, requires_grad={self.requires_grad})"
+
+
+class Parameters:
+    """The parameters of a checkpoint state, by name (``state.parameters``).
+
+    As in ORT 1.19.2: ``params[name]`` gives a :class:`Parameter`,
+    ``params[name] = array`` replaces a value, ``name in params``, ``len``,
+    and iteration yields ``(name, Parameter)`` pairs, sorted by name.
+    ``keys()``, ``values()`` and ``items()`` are jaxort additions.
+    """
+
+    def __init__(self, state: _session.CheckpointState):
+        self._state = state
+
+    def __getitem__(self, name: str) -> Parameter:
+        """The parameter called ``name``.
+
+        Raises:
+          KeyError (jaxort.session.UnknownNameError): no such parameter.
+          StateError: the state is nominal (no values yet).
+        """
+        self._state._check_name(name)
+        self._state._check_values("get a parameter from")
+        return Parameter(name, self._state)
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        """Replaces a parameter's value.
+
+        Raises:
+          KeyError (jaxort.session.UnknownNameError): no such parameter.
+          InputError: wrong shape or dtype.
+          StateError: the state is nominal.
+        """
+        self._state.update_parameter(name, value)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._state.has_parameter(name)
+
+    def __iter__(self) -> Iterator[tuple[str, Parameter]]:
+        # ORT 1.19.2 yields (name, Parameter) pairs, not names, and refuses
+        # on a nominal state.
+        self._state._check_values("get a parameter from")
+        for name in self._state.parameter_names():
+            yield name, Parameter(name, self._state)
+
+    def __len__(self) -> int:
+        return len(self._state.parameter_names())
+
+    def keys(self) -> list[str]:
+        """Parameter names, sorted (also works on nominal states)."""
+        return self._state.parameter_names()
+
+    def values(self) -> list[Parameter]:
+        """The parameters, sorted by name."""
+        return [p for _, p in self]
+
+    def items(self) -> list[tuple[str, Parameter]]:
+        """``(name, Parameter)`` pairs, sorted by name."""
+        return list(self)
+
+    def __repr__(self) -> str:
+        return f"Parameters({self._state.parameter_names()})"
+
+
+class Properties:
+    """The property bag of a checkpoint state (``state.properties``).
+
+    Values are int (saved as int64), float (saved as float32, so reading one
+    back gives the float32 value) or str. ``props[name]``, ``props[name] =
+    value``, ``in``, ``len``; iteration yields ``(name, value)`` pairs sorted
+    by name, as in ORT 1.19.2.
+    """
+
+    def __init__(self, state: _session.CheckpointState):
+        self._state = state
+
+    def __getitem__(self, name: str) -> Union[int, float, str]:
+        """The property's value.
+
+        Raises:
+          KeyError (jaxort.session.UnknownNameError): no such property.
+        """
+        return self._state.get_property(name)
+
+    def __setitem__(self, name: str, value: Union[int, float, str]) -> None:
+        """Adds or replaces a property.
+
+        Raises:
+          InputError: a value that is not int, float or str.
+        """
+        self._state.add_property(name, value)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._state.has_property(name)
+
+    def __iter__(self) -> Iterator[tuple[str, Union[int, float, str]]]:
+        for name in self._state.property_names():
+            yield name, self._state.get_property(name)
+
+    def __len__(self) -> int:
+        return len(self._state.property_names())
+
+    def keys(self) -> list[str]:
+        """Property names, sorted."""
+        return self._state.property_names()
+
+    def items(self) -> list[tuple[str, Union[int, float, str]]]:
+        """``(name, value)`` pairs, sorted by name."""
+        return list(self)
+
+    def __repr__(self) -> str:
+        return f"Properties({dict(self)})"
+
+
+class CheckpointState:
+    """The state of a training run: parameters, gradients, optimizer state, properties.
+
+    Make one with :meth:`load_checkpoint`. A :class:`jaxort.api.Module`
+    created from it shares it: parameter reads and writes go to the Module's
+    training state on its device.
+
+    Example:
+      >>> state = CheckpointState.load_checkpoint("checkpoint")       # doctest: +SKIP
+      >>> state.properties["epoch"] = 3                               # doctest: +SKIP
+      >>> CheckpointState.save_checkpoint(state, "checkpoint_out")    # doctest: +SKIP
+    """
+
+    def __init__(self, state: _session.CheckpointState):
+        """Wraps a :class:`jaxort.session.CheckpointState`.
+
+        Args:
+          state: the handle, or a :class:`jaxort.checkpoint.CheckpointState`.
+        """
+        if isinstance(state, _ckpt.CheckpointState):
+            state = _session.CheckpointState(state)
+        if not isinstance(state, _session.CheckpointState):
+            raise TypeError(f"Invalid argument for CheckpointState received {type(state)}")
+        self._state = state
+        self._parameters = Parameters(state)
+        self._properties = Properties(state)
+
+    @classmethod
+    def load_checkpoint(cls, checkpoint_uri: Union[str, os.PathLike]) -> "CheckpointState":
+        """Loads a complete or nominal checkpoint file.
+
+        Args:
+          checkpoint_uri: the file.
+
+        Returns:
+          The state.
+
+        Raises:
+          CheckpointError: missing or malformed file.
+        """
+        return cls(_session.load_checkpoint(checkpoint_uri))
+
+    @classmethod
+    def save_checkpoint(cls, state: "CheckpointState", checkpoint_uri: Union[str, os.PathLike],
+                        include_optimizer_state: bool = False) -> None:
+        """Saves the state as an ORT Training checkpoint.
+
+        Args:
+          state: the state.
+          checkpoint_uri: the file (written atomically).
+          include_optimizer_state: also save the optimizer's step, initial
+            learning rate and moments (when an Optimizer exists).
+        """
+        _session.save_checkpoint(state._state, checkpoint_uri, include_optimizer_state)
+
+    @property
+    def parameters(self) -> Parameters:
+        """The parameters, by name."""
+        return self._parameters
+
+    @property
+    def properties(self) -> Properties:
+        """The property bag."""
+        return self._properties

@@ -1,0 +1,234 @@
+"""Module, Optimizer and LinearLRScheduler of ``jaxort.api``.
+
+Same names, signatures and behaviour as ``onnxruntime.training.api``
+(ORT 1.19.2), over :class:`jaxort.session.TrainingSession`: a Module owns a
+session made without an optimizer; an :class:`Optimizer` adds one to it.
+Facade code: it imports ``jaxort.session`` and must not be imported by the
+layers below.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from jaxort import session as _session
+from jaxort.api._checkpoint_state import CheckpointState
+
+__all__ = ["LinearLRScheduler", "Module", "Optimizer"]
+
+PathLike = Union[str, os.PathLike]
+
+
+class Module:
+    """Runs the training and eval steps of ORT Training artifacts with JAX.
+
+    Attributes:
+      training: True in training mode (``__call__`` runs a train step),
+        False in eval mode.
+
+    Example:
+      >>> state = CheckpointState.load_checkpoint("checkpoint")                      # doctest: +SKIP
+      >>> module = Module("training_model.onnx", state, "eval_model.onnx")           # doctest: +SKIP
+      >>> optimizer = Optimizer("optimizer_model.onnx", module)                      # doctest: +SKIP
+      >>> loss = module(x, labels); optimizer.step(); module.lazy_reset_grad()       # doctest: +SKIP
+    """
+
+    training: bool
+
+    def __init__(self, train_model_uri: Any, state: CheckpointState, eval_model_uri: Any = None,
+                 device: str = "cpu", session_options: Any = None) -> None:
+        """Creates the module.
+
+        Args:
+          train_model_uri: the training model (a path; bytes or a ModelProto
+            also work), from ORT's or jaxort's ``generate_artifacts``.
+          state: the checkpoint state; the module shares it.
+          eval_model_uri: the eval model, optional.
+          device: ``"cpu"``, ``"cuda"``, ``"gpu"`` or ``"tpu"`` (optionally
+            ``":<index>"``): the JAX device that holds the training state.
+          session_options: accepted for compatibility and ignored (ORT
+            SessionOptions configure ORT's executor).
+
+        Raises:
+          InputError: the device is unknown or not available.
+        """
+        if not isinstance(state, CheckpointState):
+            raise TypeError(f"state must be a jaxort.api.CheckpointState, got {type(state).__name__}")
+        self.training = True
+        self._state = state
+        self._session = _session.TrainingSession(state._state, _uri(train_model_uri),
+                                                 _uri(eval_model_uri), device=device)
+
+    def __call__(self, *user_inputs) -> Union[np.ndarray, tuple[np.ndarray, ...]]:
+        """Runs a train step (training mode) or an eval step (eval mode).
+
+        Args:
+          *user_inputs: user inputs then labels, as numpy (or JAX) arrays.
+
+        Returns:
+          One numpy array when the model has one output, else a tuple
+          (ORT returns OrtValues when given OrtValues; jaxort always returns
+          numpy).
+
+        Raises:
+          InputError: wrong inputs.
+          StateError: eval mode without an eval model; nominal state.
+        """
+        if self.training:
+            outputs = self._session.train_step(*user_inputs)
+        else:
+            outputs = self._session.eval_step(*user_inputs)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def train(self, mode: bool = True) -> "Module":
+        """Sets training mode (``mode=True``) or eval mode; returns self."""
+        self.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        """Sets eval mode; returns self."""
+        return self.train(False)
+
+    def lazy_reset_grad(self) -> None:
+        """Makes the next train step overwrite the gradients instead of adding to them."""
+        self._session.lazy_reset_grad()
+
+    def get_contiguous_parameters(self, trainable_only: bool = False) -> np.ndarray:
+        """The parameters as one float32 vector, in the training model's input order.
+
+        ORT 1.19.2 returns an OrtValue; jaxort returns a numpy array.
+
+        Args:
+          trainable_only: only trainable parameters.
+
+        Raises:
+          StateError: nominal state.
+        """
+        return self._session.copy_parameters_to_buffer(trainable_only)
+
+    def get_parameters_size(self, trainable_only: bool = True) -> int:
+        """Number of parameter elements (works on nominal states)."""
+        return self._session.get_parameters_size(trainable_only)
+
+    def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = True) -> None:
+        """Sets the parameters from one float32 vector (numpy, JAX, or anything with ``.numpy()``).
+
+        With ``trainable_only=True`` frozen parameters are left as they are.
+        On a nominal state this completes it (``trainable_only`` must be False).
+
+        Raises:
+          InputError: wrong size or dtype.
+          StateError: ``trainable_only`` on a nominal state.
+        """
+        if hasattr(buffer, "numpy") and not isinstance(buffer, np.ndarray):
+            buffer = buffer.numpy()
+        self._session.copy_buffer_to_parameters(buffer, trainable_only)
+
+    def export_model_for_inferencing(self, inference_model_uri: PathLike,
+                                     graph_output_names: Sequence[str]) -> None:
+        """Writes an inference model: the eval graph up to ``graph_output_names``, parameters baked in.
+
+        Raises:
+          StateError: no eval model.
+          TrainingError: an unknown output name.
+        """
+        self._session.export_model_for_inferencing(inference_model_uri, graph_output_names)
+
+    def input_names(self) -> list[str]:
+        """User inputs then labels of the training model (eval model in eval mode)."""
+        if self.training:
+            return self._session.training_model_input_names()
+        return self._session.eval_model_input_names()
+
+    def output_names(self) -> list[str]:
+        """User outputs of the training model (eval model in eval mode), loss first."""
+        if self.training:
+            return self._session.training_model_output_names()
+        return self._session.eval_model_output_names()
+
+
+class Optimizer:
+    """Updates a Module's parameters from its accumulated gradients.
+
+    The learning rate starts at 0.001 (ORT's default). When the state was
+    loaded from a checkpoint saved with its optimizer state, the step and
+    moments are restored and the learning rate is the group's saved initial
+    learning rate (ORT 1.19.2 restores step and moments but starts at 0.001).
+    """
+
+    def __init__(self, optimizer_uri: Any, module: Module):
+        """Creates the optimizer.
+
+        Args:
+          optimizer_uri: the optimizer model (AdamWOptimizer or SGDOptimizerV2).
+          module: the module to train.
+        """
+        if not isinstance(module, Module):
+            raise TypeError(f"module must be a jaxort.api.Module, got {type(module).__name__}")
+        self._session = module._session
+        self._session._attach_optimizer(_uri(optimizer_uri))
+
+    def step(self) -> None:
+        """Applies one optimizer step; gradients are kept.
+
+        Raises:
+          StateError: no train step has run yet (ORT 1.19.2 would step on
+            zero gradients).
+        """
+        self._session.optimizer_step()
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """Sets the learning rate of the next steps."""
+        self._session.set_learning_rate(learning_rate)
+
+    def get_learning_rate(self) -> float:
+        """The current learning rate (a float32 value)."""
+        return self._session.get_learning_rate()
+
+
+class LinearLRScheduler:
+    """Linear warmup from 0 to ``initial_lr``, then linear decay to 0.
+
+    With ``n`` optimizer steps done::
+
+        lr(n) = initial_lr * n / warmup_step_count                      if n < warmup_step_count
+        lr(n) = initial_lr * max(0, (total_step_count - n)
+                                    / max(1, total_step_count - warmup_step_count))  otherwise
+
+    Creating the scheduler sets ``lr(n)`` at once; :meth:`step` recomputes it.
+
+    Difference from ORT: onnxruntime-training 1.19.2's Python
+    ``LinearLRScheduler`` swaps the two counts internally (its effective
+    warmup is the ``total_step_count`` passed). jaxort follows the
+    documented meaning, so to reproduce a script run on ORT 1.19.2 pass the
+    counts swapped: ``LinearLRScheduler(opt, total, warmup, lr)``.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int,
+                 initial_lr: float):
+        """Registers the schedule on the optimizer and sets the learning rate.
+
+        Args:
+          optimizer: the optimizer.
+          warmup_step_count: steps of linear warmup.
+          total_step_count: the step at which the learning rate reaches 0.
+          initial_lr: the peak learning rate (also what a saved checkpoint
+            records as the initial learning rate).
+        """
+        self._session = optimizer._session
+        self._session.register_linear_lr_scheduler(warmup_step_count, total_step_count, initial_lr)
+
+    def step(self) -> None:
+        """Recomputes the learning rate from the optimizer's step count."""
+        self._session.scheduler_step()
+
+
+def _uri(uri: Any) -> Optional[Any]:
+    if uri is None or isinstance(uri, (bytes, bytearray)):
+        return uri
+    if isinstance(uri, (str, os.PathLike)):
+        return os.fspath(uri)
+    return uri
