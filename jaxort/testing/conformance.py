@@ -118,8 +118,20 @@ def run_case(case) -> None:
 
     rep = backend.prepare(case.model, "CPU")
     for inputs, expected in case.data_sets:
-        got = rep.run(list(inputs))
-        compare_outputs(list(expected), list(got), case.rtol, case.atol)
+        got = rep.run([_to_value(x) for x in inputs])
+        compare_outputs([_to_value(x) for x in expected], list(got), case.rtol, case.atol)
+
+
+def _to_value(x):
+    """Test data holds TensorProtos for types numpy lacks natively (float8, int4)."""
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(x, onnx.TensorProto):
+        return numpy_helper.to_array(x)
+    if isinstance(x, (list, tuple)):
+        return [_to_value(v) for v in x]
+    return x
 
 
 def _worker(conn):

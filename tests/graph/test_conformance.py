@@ -13,7 +13,15 @@ from jaxort.testing import conformance
 
 # Cases of core ops that cannot pass, with the reason. Keep this empty unless the
 # reason is outside jaxort's reach.
-EXPECTED_FAILURES: dict[str, str] = {}
+_NUMPY_RNG = (
+    "the expected output comes from numpy's RandomState(0) dropout mask; JAX's PRNG "
+    "draws a different, equally valid mask (the ops' own tests check the statistics)")
+EXPECTED_FAILURES: dict[str, str] = {
+    "test_training_dropout": _NUMPY_RNG,
+    "test_training_dropout_default": _NUMPY_RNG,
+    "test_training_dropout_default_mask": _NUMPY_RNG,
+    "test_training_dropout_mask": _NUMPY_RNG,
+}
 
 _CASES = conformance.collect_cases(conformance.CORE_OPS)
 
