@@ -7,6 +7,7 @@ import sys
 import onnx
 import pytest
 
+import jaxort.graph.ops  # noqa: F401  (fills the registry before collection)
 from jaxort.graph import registered
 
 _HERE = pathlib.Path(__file__).parent
