@@ -28,6 +28,7 @@ ONNX_TYPE_NAMES: dict[int, str] = {
     12: "UINT32", 13: "UINT64", 14: "COMPLEX64", 15: "COMPLEX128",
     16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2",
     20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1",
+    24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2",
 }
 
 ONNX_TO_NUMPY: dict[int, np.dtype] = {
@@ -55,6 +56,10 @@ ONNX_TO_NUMPY: dict[int, np.dtype] = {
     22: np.dtype(ml_dtypes.int4),
     23: np.dtype(ml_dtypes.float4_e2m1fn),
 }
+# Newer ONNX types, where the installed ml_dtypes has them.
+for _code, _name in ((24, "float8_e8m0fnu"), (25, "uint2"), (26, "int2")):
+    if hasattr(ml_dtypes, _name):
+        ONNX_TO_NUMPY[_code] = np.dtype(getattr(ml_dtypes, _name))
 
 NUMPY_TO_ONNX: dict[np.dtype, int] = {
     dt: code for code, dt in ONNX_TO_NUMPY.items() if code != 8

@@ -535,8 +535,6 @@ class JaxGraph:
         self.opsets = {}
         for imp in self.model.opset_import:
             self.opsets[_registry.normalize_domain(imp.domain)] = int(imp.version)
-        if "" not in self.opsets:
-            raise ModelError("the model's opset_import has no entry for the default ONNX domain")
         functions = {(f.domain, f.name): f for f in self.model.functions}
 
         import jaxort.graph.ops  # noqa: F401  (fills the registry)
