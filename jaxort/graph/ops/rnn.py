@@ -1,0 +1,199 @@
+"""Recurrent ops: RNN, GRU, LSTM (one lax.scan per direction)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxort.errors import OpError
+from jaxort.graph import register
+from jaxort.graph._values import describe_node
+
+# activation name -> (function of (x, alpha, beta), how many of alpha/beta it consumes, defaults)
+_ACTIVATIONS = {
+    "relu": (lambda x, a, b: jnp.maximum(x, 0), 0, ()),
+    "tanh": (lambda x, a, b: jnp.tanh(x), 0, ()),
+    "sigmoid": (lambda x, a, b: jax.nn.sigmoid(x), 0, ()),
+    "affine": (lambda x, a, b: a * x + b, 2, (1.0, 0.0)),
+    "leakyrelu": (lambda x, a, b: jnp.where(x >= 0, x, a * x), 1, (0.01,)),
+    "thresholdedrelu": (lambda x, a, b: jnp.where(x > a, x, 0), 1, (1.0,)),
+    "scaledtanh": (lambda x, a, b: a * jnp.tanh(b * x), 2, (1.0, 1.0)),
+    "hardsigmoid": (lambda x, a, b: jnp.clip(a * x + b, 0, 1), 2, (0.2, 0.5)),
+    "elu": (lambda x, a, b: jnp.where(x >= 0, x, a * (jnp.exp(x) - 1)), 1, (1.0,)),
+    "softsign": (lambda x, a, b: x / (1 + jnp.abs(x)), 0, ()),
+    "softplus": (lambda x, a, b: jax.nn.softplus(x), 0, ()),
+}
+
+
+def _activations(names, alphas, betas, defaults, num_directions):
+    """Returns per-direction lists of unary functions."""
+    names = list(names) if names else list(defaults) * num_directions
+    alphas = list(alphas or [])
+    betas = list(betas or [])
+    fns = []
+    for name in names:
+        key = name.lower()
+        if key not in _ACTIVATIONS:
+            raise OpError(f"{describe_node()}: unsupported activation {name!r}")
+        fn, n_params, dflt = _ACTIVATIONS[key]
+        a = alphas.pop(0) if n_params >= 1 and alphas else (dflt[0] if n_params >= 1 else None)
+        b = betas.pop(0) if n_params >= 2 and betas else (dflt[1] if n_params >= 2 else None)
+        fns.append(lambda x, fn=fn, a=a, b=b: fn(x, a, b).astype(x.dtype))
+    per = len(defaults)
+    if len(fns) == per and num_directions == 2:
+        fns = fns * 2
+    return [fns[i * per:(i + 1) * per] for i in range(num_directions)]
+
+
+def _prepare(x, initial_states, sequence_lens, layout, direction, hidden_size):
+    if layout:
+        x = jnp.swapaxes(x, 0, 1)  # -> (seq, batch, input)
+        initial_states = [None if s is None else jnp.swapaxes(s, 0, 1) for s in initial_states]
+    num_dir = 2 if direction == "bidirectional" else 1
+    seq, batch = x.shape[:2]
+    states = [jnp.zeros((num_dir, batch, hidden_size), x.dtype) if s is None else s
+              for s in initial_states]
+    if sequence_lens is None:
+        mask = None
+    else:
+        lens = jnp.asarray(sequence_lens).astype(jnp.int32).reshape(1, -1)
+        mask = jnp.arange(seq, dtype=jnp.int32)[:, None] < lens  # (seq, batch)
+    return x, states, mask, num_dir
+
+
+def _run_direction(step, x, states, mask, reverse):
+    """Scans ``step(carry, x_t) -> (carry, h_t)`` over time; masked steps keep the carry."""
+    seq = x.shape[0]
+    ts = jnp.arange(seq, dtype=jnp.int32)
+
+    def body(carry, inp):
+        xt, t = inp
+        new, h = step(carry, xt)
+        if mask is not None:
+            m = mask[t][:, None]
+            new = tuple(jnp.where(m, n, c) for n, c in zip(new, carry))
+            h = jnp.where(m, h, jnp.zeros((), h.dtype))
+        return new, h
+
+    carry, ys = lax.scan(body, tuple(states), (x, ts), reverse=reverse)
+    return carry, ys
+
+
+def _finish(ys_per_dir, finals_per_dir, layout):
+    y = jnp.stack(ys_per_dir, axis=1)  # (seq, num_dir, batch, hidden)
+    finals = [jnp.stack(f, axis=0) for f in zip(*finals_per_dir)]  # each (num_dir, batch, hidden)
+    if layout:
+        y = jnp.transpose(y, (2, 0, 1, 3))
+        finals = [jnp.swapaxes(f, 0, 1) for f in finals]
+    return (y, *finals)
+
+
+def _clip(v, clip):
+    return v if clip is None else jnp.clip(v, -clip, clip)
+
+
+def _directions(direction, num_dir):
+    if direction == "reverse":
+        return [True]
+    return [False, True][:num_dir]
+
+
+@register("RNN", since=1)
+def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha,
+        activation_beta, activations, clip, direction, hidden_size, layout=None,
+        output_sequence=None):
+    """RNN-1+ (layout from 14)."""
+    x, (h0,), mask, num_dir = _prepare(x, [initial_h], sequence_lens, layout, direction,
+                                       hidden_size)
+    acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], num_dir)
+    ys, finals = [], []
+    for d, reverse in enumerate(_directions(direction, num_dir)):
+        wb = 0 if b is None else b[d, :hidden_size] + b[d, hidden_size:]
+        xw = jnp.matmul(x, w[d].T) + wb
+        f = acts[d][0]
+
+        def step(carry, xt, d=d, f=f):
+            (h,) = carry
+            h = f(_clip(xt + h @ r[d].T, clip))
+            return (h,), h
+
+        carry, y = _run_direction(step, xw, [h0[d]], mask, reverse)
+        ys.append(y)
+        finals.append(carry)
+    return _finish(ys, finals, layout)
+
+
+@register("GRU", since=1)
+def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha, activation_beta,
+        activations, clip, direction, hidden_size, layout=None, linear_before_reset=None,
+        output_sequence=None):
+    """GRU-1+ (linear_before_reset from 3, layout from 14)."""
+    x, (h0,), mask, num_dir = _prepare(x, [initial_h], sequence_lens, layout, direction,
+                                       hidden_size)
+    acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"],
+                        num_dir)
+    hs = hidden_size
+    ys, finals = [], []
+    for d, reverse in enumerate(_directions(direction, num_dir)):
+        wb = jnp.zeros((3 * hs,), x.dtype) if b is None else b[d, :3 * hs]
+        rb = jnp.zeros((3 * hs,), x.dtype) if b is None else b[d, 3 * hs:]
+        xw = jnp.matmul(x, w[d].T) + wb
+        rd = r[d]
+        f, g = acts[d]
+
+        def step(carry, xt, rd=rd, rb=rb, f=f, g=g):
+            (h,) = carry
+            rz, rr, rh = rd[:hs], rd[hs:2 * hs], rd[2 * hs:]
+            z = f(_clip(xt[:, :hs] + h @ rz.T + rb[:hs], clip))
+            rt = f(_clip(xt[:, hs:2 * hs] + h @ rr.T + rb[hs:2 * hs], clip))
+            if linear_before_reset:
+                hh = g(_clip(xt[:, 2 * hs:] + rt * (h @ rh.T + rb[2 * hs:]), clip))
+            else:
+                hh = g(_clip(xt[:, 2 * hs:] + (rt * h) @ rh.T + rb[2 * hs:], clip))
+            h = (1 - z) * hh + z * h
+            return (h,), h
+
+        carry, y = _run_direction(step, xw, [h0[d]], mask, reverse)
+        ys.append(y)
+        finals.append(carry)
+    return _finish(ys, finals, layout)
+
+
+@register("LSTM", since=1)
+def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *,
+         activation_alpha, activation_beta, activations, clip, direction, hidden_size,
+         input_forget, layout=None, output_sequence=None):
+    """LSTM-1+ (layout from 14; input_forget couples f = 1 - i)."""
+    x, (h0, c0), mask, num_dir = _prepare(x, [initial_h, initial_c], sequence_lens, layout,
+                                          direction, hidden_size)
+    acts = _activations(activations, activation_alpha, activation_beta,
+                        ["Sigmoid", "Tanh", "Tanh"], num_dir)
+    hs = hidden_size
+    ys, finals = [], []
+    for d, reverse in enumerate(_directions(direction, num_dir)):
+        bias = 0 if b is None else b[d, :4 * hs] + b[d, 4 * hs:]
+        xw = jnp.matmul(x, w[d].T) + bias
+        rd = r[d]
+        pd = jnp.zeros((3 * hs,), x.dtype) if p is None else p[d]
+        f, g, hact = acts[d]
+
+        def step(carry, xt, rd=rd, pd=pd, f=f, g=g, hact=hact):
+            h, c = carry
+            gates = xt + h @ rd.T
+            gi, go, gf, gc = (gates[:, k * hs:(k + 1) * hs] for k in range(4))
+            i = f(_clip(gi + pd[:hs] * c, clip))
+            if input_forget:
+                fg = 1 - i
+            else:
+                fg = f(_clip(gf + pd[2 * hs:] * c, clip))
+            cc = g(_clip(gc, clip))
+            c = fg * c + i * cc
+            o = f(_clip(go + pd[hs:2 * hs] * c, clip))
+            h = o * hact(c)
+            return (h, c), h
+
+        carry, y = _run_direction(step, xw, [h0[d], c0[d]], mask, reverse)
+        ys.append(y)
+        finals.append(carry)
+    return _finish(ys, finals, layout)
