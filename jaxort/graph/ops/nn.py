@@ -443,9 +443,10 @@ def _batch_norm(x, scale, b, mean, var, *, epsilon, momentum, training, ctx):
         y = _bn_inference(x, scale, b, bm, bv, epsilon)
         run_mean = (mean * momentum + bm.astype(mean.dtype) * (1 - momentum)).astype(mean.dtype)
         run_var = (var * momentum + bv.astype(var.dtype) * (1 - momentum)).astype(var.dtype)
-        if not training:
-            # jaxort training of an inference-form node, like ORT Training's
-            # BatchNormInternal: batch statistics, running statistics written back.
+        if ctx.training:
+            # In a jaxort training step the running statistics are written back
+            # into the state (frozen parameters), like ORT Training 1.19.2's
+            # BatchNormInternal, whether the node is in inference or training form.
             ctx.update_state(3, lax.stop_gradient(run_mean))
             ctx.update_state(4, lax.stop_gradient(run_var))
         return (y, run_mean, run_var, bm.astype(x.dtype), bv.astype(x.dtype))
