@@ -48,7 +48,8 @@ def collect_cases(op_types=None) -> list:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cases = collect_testcases()
+        # onnx < 1.17 requires the filter argument; None keeps every case.
+        cases = list(collect_testcases(None))
     _index_op_types(cases)
     if op_types:
         wanted = set(op_types)
