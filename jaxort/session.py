@@ -45,6 +45,7 @@ import onnx
 
 from jaxort import checkpoint as _ckpt
 from jaxort import training as _training
+from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, StateError
 from jaxort.graph import load_model
 
@@ -152,11 +153,11 @@ def _param_infos(model: onnx.ModelProto, names: set) -> dict[str, tuple[np.dtype
     for vi in model.graph.input:
         if vi.name in names:
             tt = vi.type.tensor_type
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            dtype = to_numpy_dtype(tt.elem_type)
             infos[vi.name] = (np.dtype(dtype), tuple(int(d.dim_value) for d in tt.shape.dim))
     for tensor in model.graph.initializer:
         if tensor.name in names and tensor.name not in infos:
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+            dtype = to_numpy_dtype(tensor.data_type)
             infos[tensor.name] = (np.dtype(dtype), tuple(int(d) for d in tensor.dims))
     return infos
 

@@ -17,7 +17,7 @@ dtype, shape and values::
 
 This module needs hypothesis, a test extra of jaxort rather than a runtime
 dependency (``pip install 'jaxort[test]'`` or ``pip install hypothesis``).
-It imports only hypothesis, numpy and onnx; JAX and jaxort's graph layer are
+It imports only hypothesis, numpy, ml_dtypes and onnx; JAX and jaxort's graph layer are
 imported when :func:`assert_matches_reference` runs, so the strategies also
 serve suites that test other ONNX runtimes.
 """
@@ -29,6 +29,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional, Union
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -61,9 +62,9 @@ __all__ = [
     "shapes",
 ]
 
-# bfloat16 comes from ml_dtypes; onnx already depends on it and maps it, so
-# asking onnx keeps this module's imports to hypothesis, numpy and onnx.
-_BF16 = np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16))
+# bfloat16 comes from ml_dtypes (a jaxort dependency); onnx < 1.17 maps
+# BFLOAT16 to uint16, so it cannot be asked.
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 
 # Each tuple is ordered so hypothesis shrinks toward the most common dtype.
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), _BF16)

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, TrainingError
 from jaxort.graph import load_model
 
@@ -83,7 +84,7 @@ def _prune(graph: onnx.GraphProto, wanted: Sequence[str]) -> list:
 def _param_array(name: str, value, vi: onnx.ValueInfoProto) -> np.ndarray:
     arr = np.asarray(value)
     tt = vi.type.tensor_type
-    expected = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+    expected = to_numpy_dtype(tt.elem_type)
     if arr.dtype != expected:
         raise InputError(f"parameter {name!r}: expected dtype {expected}, given {arr.dtype}")
     if tt.HasField("shape"):

@@ -7,6 +7,7 @@ passed. ``make conformance`` runs every case that ships with onnx.
 
 import os
 
+import onnx
 import pytest
 
 from jaxort.testing import conformance
@@ -22,6 +23,23 @@ EXPECTED_FAILURES: dict[str, str] = {
     "test_training_dropout_default_mask": _NUMPY_RNG,
     "test_training_dropout_mask": _NUMPY_RNG,
 }
+
+# onnx < 1.17 ships cases whose expected data later onnx releases corrected.
+if tuple(int(v) for v in onnx.__version__.split(".")[:2]) < (1, 17):
+    _TRUNCATED_BF16 = ("onnx 1.16's expected data truncates float32 to bfloat16; the spec "
+                       "(and later onnx data) rounds to nearest even, as jaxort does")
+    _INT4_RANGE = ("onnx 1.16's data saturates out-of-range int4 values (-9 -> -8); later onnx "
+                   "data gives 0 there, as jaxort does")
+    EXPECTED_FAILURES.update({
+        "test_gemm_default_no_bias": "onnx 1.16's case declares a float64 output for float32 inputs",
+        "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True":
+            "onnx 1.16's expected data predates the fix of dilated ceil-mode average pooling",
+        "test_cast_FLOAT_to_BFLOAT16": _TRUNCATED_BF16,
+        "test_castlike_FLOAT_to_BFLOAT16": _TRUNCATED_BF16,
+        "test_castlike_FLOAT_to_BFLOAT16_expanded": _TRUNCATED_BF16,
+        "test_cast_FLOAT_to_INT4": _INT4_RANGE,
+        "test_cast_FLOAT16_to_INT4": _INT4_RANGE,
+    })
 
 _CASES = conformance.collect_cases(conformance.CORE_OPS)
 

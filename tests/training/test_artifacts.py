@@ -161,6 +161,7 @@ def _first_index(text: str) -> int:
     return int(re.search(r"onnx::[^:\s\"']+::(\d+)", text).group(1))
 
 
+@pytest.mark.skipif(onnx.IR_VERSION < 11, reason="the installed onnx cannot check IR 11 models")
 def test_models_are_readable_by_ort_1_19(tmp_path):
     """ORT 1.19.2 reads IR <= 10: an IR 11 input is lowered to 10, the opset is kept."""
     model = onnx.load(GOLDEN / "l1_gemm" / "model.onnx")

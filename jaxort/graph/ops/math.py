@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from jax import lax
 
-from jaxort.dtypes import to_numpy_dtype
+from jaxort.dtypes import to_numpy_dtype, to_onnx_type
 from jaxort.errors import OpError
 from jaxort.graph import register, static
 from jaxort.graph._values import describe_node
@@ -670,7 +670,10 @@ def _code_of(dtype) -> int:
     dt = np.dtype(dtype)
     if dt.kind in "OUS":
         return onnx.TensorProto.STRING
-    return int(onnx.helper.np_dtype_to_tensor_dtype(dt))
+    try:
+        return to_onnx_type(dt)
+    except KeyError:  # types newer than jaxort's table, where onnx knows them
+        return int(onnx.helper.np_dtype_to_tensor_dtype(dt))
 
 
 def _parse_string(s) -> float:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-import onnx
 from jax import lax
 
+from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import OpError
 from jaxort.graph import register
 from jaxort.graph._values import describe_node
@@ -38,7 +38,7 @@ _STANDARD_FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.floa
 
 def _np_dtype(code: int) -> np.dtype:
     try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(code)))
+        return to_numpy_dtype(int(code))
     except Exception:  # noqa: BLE001
         raise OpError(f"{describe_node()}: unsupported element type {code}") from None
 
