@@ -11,6 +11,7 @@ import importlib
 import sys
 
 import jax
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -25,7 +26,7 @@ from jaxort.testing import strategies as js
 FAST = settings(max_examples=8, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 CHEAP = settings(max_examples=60, deadline=None, derandomize=True)
-BF16 = js.FLOAT_DTYPES[3]
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 # --------------------------------------------------------------------------- dtypes, shapes, arrays
