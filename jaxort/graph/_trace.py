@@ -35,7 +35,8 @@ from jaxort.graph import _registry
 from jaxort.graph._model import ModelSource, load_model
 from jaxort.graph._values import OpContext, is_static, node_scope
 
-__all__ = ["JaxGraph", "TensorInfo", "Subgraph", "x64_enabled_scope"]
+__all__ = ["JaxGraph", "TensorInfo", "Subgraph", "backward_slice", "outer_reads",
+           "x64_enabled_scope"]
 
 
 def x64_enabled_scope():
@@ -458,18 +459,26 @@ def _proto_free_names(graph: onnx.GraphProto) -> set:
     free = set()
     for n in graph.node:
         free.update(i for i in n.input if i and i not in bound)
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                free.update(x for x in _proto_free_names(g) if x not in bound)
+        free.update(x for x in outer_reads(n) if x not in bound)
         bound.update(o for o in n.output if o)
     return free
 
 
-def _prune(nodes: Sequence[onnx.NodeProto], wanted: Sequence[str]) -> list:
-    """Returns the nodes needed to compute ``wanted`` (topological order kept).
+def outer_reads(node: onnx.NodeProto) -> set:
+    """Names the subgraphs of ``node`` (If branches, Loop/Scan bodies) read from the outer scope."""
+    reads = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            reads |= _proto_free_names(g)
+    return reads
 
-    Pruning happens on the protos, before handlers are looked up, so a slice
-    never needs ops it does not use (an ORT training model's gradient nodes).
+
+def backward_slice(nodes: Sequence[onnx.NodeProto], wanted: Sequence[str]) -> tuple[list, set]:
+    """Returns the nodes needed to compute ``wanted`` and every name they read.
+
+    Topological order is kept. Pruning happens on the protos, before handlers
+    are looked up, so a slice never needs ops it does not use (an ORT training
+    model's gradient nodes).
     """
     needed = set(wanted)
     keep = []
@@ -477,11 +486,9 @@ def _prune(nodes: Sequence[onnx.NodeProto], wanted: Sequence[str]) -> list:
         if any(o in needed for o in node.output if o):
             keep.append(node)
             needed.update(i for i in node.input if i)
-            for a in node.attribute:
-                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                    needed.update(_proto_free_names(g))
+            needed.update(outer_reads(node))
     keep.reverse()
-    return keep
+    return keep, needed
 
 
 def _canonical(dtype) -> np.dtype:
@@ -574,7 +581,7 @@ class JaxGraph:
                 f"unknown output names {missing}: not produced by any node, nor graph inputs "
                 "or initializers")
 
-        kept = _prune(graph.node, outputs)
+        kept, _ = backward_slice(graph.node, outputs)
         nodes = [prep.node(n, self.opsets) for n in kept]
         bound = set(inputs) | set(param_inputs) | set(initializers)
         needed_free = _free_names(nodes, bound)

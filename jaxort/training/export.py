@@ -21,26 +21,12 @@ from onnx import helper, numpy_helper
 
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, TrainingError
-from jaxort.graph import load_model
+from jaxort.graph import backward_slice, load_model, outer_reads
 
 __all__ = ["export_model_for_inferencing", "trim_inference_batchnorm_outputs"]
 
 # Metadata only meaningful to a jaxort training run (a custom JAX loss).
 _JAXORT_TRAINING_KEYS = ("jaxort.custom_loss", "jaxort.custom_loss.label_names")
-
-
-def _subgraph_reads(node: onnx.NodeProto) -> set:
-    # Names a node's subgraphs (If, Loop, Scan bodies) read from the outer scope.
-    reads = set()
-    for attr in node.attribute:
-        graphs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
-        for g in graphs:
-            local = {i.name for i in g.input} | {t.name for t in g.initializer}
-            for n in g.node:
-                reads.update(i for i in n.input if i and i not in local)
-                reads.update(_subgraph_reads(n))
-                local.update(n.output)
-    return reads
 
 
 def trim_inference_batchnorm_outputs(graph: onnx.GraphProto) -> None:
@@ -53,7 +39,7 @@ def trim_inference_batchnorm_outputs(graph: onnx.GraphProto) -> None:
     """
     used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     for node in graph.node:
-        used |= _subgraph_reads(node)
+        used |= outer_reads(node)
     dropped = set()
     for node in graph.node:
         if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
@@ -68,17 +54,6 @@ def trim_inference_batchnorm_outputs(graph: onnx.GraphProto) -> None:
         kept = [vi for vi in graph.value_info if vi.name not in dropped]
         del graph.value_info[:]
         graph.value_info.extend(kept)
-
-
-def _prune(graph: onnx.GraphProto, wanted: Sequence[str]) -> list:
-    needed = set(wanted)
-    kept = []
-    for node in reversed(graph.node):
-        if any(o in needed for o in node.output if o):
-            kept.append(node)
-            needed.update(i for i in node.input if i)
-            needed.update(_subgraph_reads(node))
-    return kept[::-1], needed
 
 
 def _param_array(name: str, value, vi: onnx.ValueInfoProto) -> np.ndarray:
@@ -153,7 +128,7 @@ def export_model_for_inferencing(
     for vi, name in zip(outputs, output_names):
         vi.name = name
 
-    nodes, needed = _prune(graph, output_names)
+    nodes, needed = backward_slice(graph.node, output_names)
     pruned = onnx.GraphProto()
     pruned.node.extend(nodes)
     pruned.output.extend(outputs)

@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 import onnx
 
 from jaxort.errors import TrainingError
+from jaxort.graph import backward_slice
 
 __all__ = [
     "GRAD_BUFFER_SUFFIX",
@@ -171,25 +172,12 @@ def slice_model(model: onnx.ModelProto, outputs: Sequence[str],
       TrainingError: an output is not produced by the graph.
     """
     graph = model.graph
-    produced = {}
-    for k, node in enumerate(graph.node):
-        for o in node.output:
-            if o:
-                produced[o] = k
-    available = set(produced) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    produced = {o for node in graph.node for o in node.output if o}
+    available = produced | {i.name for i in graph.input} | {t.name for t in graph.initializer}
     missing = [o for o in outputs if o not in available]
     if missing:
         raise TrainingError(f"outputs {missing} are not computed by the model")
-    needed = set(outputs)
-    keep = []
-    for node in reversed(graph.node):
-        if any(o in needed for o in node.output if o):
-            keep.append(node)
-            needed.update(i for i in node.input if i)
-            for attr in node.attribute:
-                for sub in _subgraphs(attr):
-                    needed.update(_free_names(sub))
-    keep.reverse()
+    keep, needed = backward_slice(graph.node, outputs)
     new = onnx.ModelProto()
     new.CopyFrom(model)
     g = new.graph
@@ -213,24 +201,3 @@ def slice_model(model: onnx.ModelProto, outputs: Sequence[str],
     del g.value_info[:]
     g.value_info.extend(vi)
     return new
-
-
-def _subgraphs(attr: onnx.AttributeProto):
-    if attr.type == onnx.AttributeProto.GRAPH:
-        yield attr.g
-    elif attr.type == onnx.AttributeProto.GRAPHS:
-        yield from attr.graphs
-
-
-def _free_names(graph: onnx.GraphProto) -> set:
-    bound = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    free = set()
-    for node in graph.node:
-        for i in node.input:
-            if i and i not in bound:
-                free.add(i)
-        for attr in node.attribute:
-            for sub in _subgraphs(attr):
-                free |= {x for x in _free_names(sub) if x not in bound}
-        bound.update(o for o in node.output if o)
-    return free
