@@ -23,22 +23,48 @@ from onnx.backend.base import Backend, BackendRep
 from jaxort.errors import InputError, StaticValueError
 from jaxort.graph import JaxGraph, x64_enabled_scope
 
-__all__ = ["JaxBackend", "JaxBackendRep", "prepare", "run_model", "run_node", "supports_device"]
+__all__ = [
+    "JaxBackend",
+    "JaxBackendRep",
+    "prepare",
+    "resolve_device",
+    "run_model",
+    "run_node",
+    "supports_device",
+]
 
-_DEVICE_PLATFORMS = {"CPU": "cpu", "CUDA": "gpu", "GPU": "gpu", "TPU": "tpu"}
+# Device names, case-insensitive: ONNX backends say "CPU"/"CUDA", ORT's
+# training API "cpu"/"cuda".
+_DEVICE_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu"}
 
 
-def _device(device: str):
-    kind = str(device).split(":")[0].upper()
-    platform = _DEVICE_PLATFORMS.get(kind)
+def resolve_device(device: str) -> jax.Device:
+    """Maps ``"cpu" | "cuda" | "gpu" | "tpu"`` (any case, optionally ``":<index>"``) to a JAX device.
+
+    Raises:
+      InputError: an unknown device name, or one JAX does not have here.
+    """
+    if not isinstance(device, str):
+        raise InputError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
+    kind, _, index = device.partition(":")
+    platform = _DEVICE_PLATFORMS.get(kind.strip().lower())
     if platform is None:
-        raise InputError(f"unknown device {device!r}; expected one of {sorted(_DEVICE_PLATFORMS)}")
+        raise InputError(f"unknown device {device!r}; jaxort supports 'cpu', 'cuda', 'gpu' and "
+                         "'tpu', optionally followed by ':<index>'")
     try:
         devices = jax.devices(platform)
     except RuntimeError:
-        raise InputError(f"device {device!r} is not available to JAX on this machine") from None
-    index = int(str(device).split(":")[1]) if ":" in str(device) else 0
-    return devices[index]
+        available = sorted({d.platform for d in jax.devices()})
+        raise InputError(f"device {device!r} is not available: JAX has no {platform!r} backend "
+                         f"in this process (available: {available})") from None
+    try:
+        position = int(index) if index else 0
+    except ValueError:
+        raise InputError(f"device {device!r}: the index after ':' must be an integer") from None
+    if not 0 <= position < len(devices):
+        raise InputError(f"device {device!r} is not available: JAX sees {len(devices)} "
+                         f"{platform} device(s)")
+    return devices[position]
 
 
 class JaxBackendRep(BackendRep):
@@ -46,7 +72,7 @@ class JaxBackendRep(BackendRep):
 
     def __init__(self, graph: JaxGraph, device: str = "CPU"):
         self.graph = graph
-        self.device = _device(device)
+        self.device = resolve_device(device)
         self._jitted = jax.jit(graph.apply)
         # Inputs the graph needs at trace time (shapes, axes given as graph
         # inputs, as ONNX's node tests do) are found on the first call and then
@@ -170,7 +196,7 @@ class JaxBackend(Backend):
     @classmethod
     def supports_device(cls, device: str) -> bool:
         try:
-            _device(device)
+            resolve_device(device)
         except InputError:
             return False
         return True

@@ -47,6 +47,7 @@ from jaxort import checkpoint as _ckpt
 from jaxort import training as _training
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, StateError
+from jaxort.backend import resolve_device
 from jaxort.graph import load_model
 
 __all__ = [
@@ -77,8 +78,6 @@ SUPPORTED_API_VERSIONS = range(13, 20)
 # The learning rate of a fresh optimizer in ORT 1.19.2.
 DEFAULT_LEARNING_RATE = 1e-3
 
-_DEVICE_BACKENDS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu"}
-
 
 class UnknownNameError(InputError, KeyError):
     """A parameter or property name the checkpoint state does not have.
@@ -89,30 +88,6 @@ class UnknownNameError(InputError, KeyError):
     def __str__(self) -> str:
         # KeyError quotes its message; this is a sentence.
         return str(self.args[0]) if self.args else ""
-
-
-def _resolve_device(device: str) -> jax.Device:
-    """Maps ``"cpu" | "cuda" | "gpu" | "tpu"`` (optionally ``":<index>"``) to a JAX device."""
-    if not isinstance(device, str):
-        raise InputError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
-    kind, _, index = device.partition(":")
-    backend = _DEVICE_BACKENDS.get(kind.strip().lower())
-    if backend is None:
-        raise InputError(f"unknown device {device!r}; jaxort supports 'cpu', 'cuda', 'gpu' and 'tpu', "
-                         "optionally followed by ':<index>'")
-    try:
-        devices = jax.devices(backend)
-    except RuntimeError:
-        available = sorted({d.platform for d in jax.devices()})
-        raise InputError(f"device {device!r} is not available: JAX has no {backend!r} backend in this "
-                         f"process (available: {available})") from None
-    try:
-        position = int(index) if index else 0
-    except ValueError:
-        raise InputError(f"device {device!r}: the index after ':' must be an integer") from None
-    if not 0 <= position < len(devices):
-        raise InputError(f"device {device!r} is not available: JAX sees {len(devices)} {backend} device(s)")
-    return devices[position]
 
 
 # A TrainProgram's jitted steps compile on first use, once per program.
@@ -461,7 +436,7 @@ class TrainingSession:
         """
         if not isinstance(state, CheckpointState):
             raise InputError(f"state must be a jaxort CheckpointState, got {type(state).__name__}")
-        self._device = _resolve_device(device)
+        self._device = resolve_device(device)
         self._program = _program_for(train_model, eval_model, optimizer_model, state._data)
         model = self._program.training_model
         self._trainable = list(self._program.trainable_names)
