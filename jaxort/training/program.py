@@ -263,7 +263,7 @@ class TrainProgram:
 
     # ------------------------------------------------------------------ pure cores
 
-    def _prepare_inputs(self, graph: JaxGraph, inputs):
+    def _prepare_inputs(self, inputs):
         if self.policy is None:
             return inputs
         return tuple(self.policy.cast_to_compute(x) for x in inputs)
@@ -279,7 +279,7 @@ class TrainProgram:
         rng, key = jax.random.split(state.rng)
         graph = self._train_graph
         labels = inputs[self._n_graph_inputs:]
-        inputs = self._prepare_inputs(graph, inputs[:self._n_graph_inputs])
+        inputs = self._prepare_inputs(inputs[:self._n_graph_inputs])
 
         def loss_fn(params):
             outs, updates = graph.apply_with_updates(
@@ -313,7 +313,7 @@ class TrainProgram:
         self._traces["eval_step"] += 1
         graph = self._eval_graph
         labels = inputs[self._n_eval_graph_inputs:]
-        inputs = self._prepare_inputs(graph, inputs[:self._n_eval_graph_inputs])
+        inputs = self._prepare_inputs(inputs[:self._n_eval_graph_inputs])
         params = self._all_params(state.params, state.frozen)
         params = {k: v for k, v in params.items() if k in self._eval_params}
         outs = self._add_loss(graph.apply(params, *inputs, training=False), labels)
