@@ -18,6 +18,7 @@ __all__ = [
     "OpError",
     "StaticValueError",
     "InputError",
+    "UnknownNameError",
     "CheckpointError",
     "TrainingError",
     "StateError",
@@ -56,6 +57,17 @@ class StaticValueError(OpError):
 
 class InputError(JaxortError, ValueError):
     """A user input is missing, unknown, or has the wrong shape or dtype."""
+
+
+class UnknownNameError(InputError, KeyError):
+    """A parameter or property name the state does not have.
+
+    It is a ``KeyError`` too, as in ``onnxruntime.training.api``.
+    """
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; this is a sentence.
+        return str(self.args[0]) if self.args else ""
 
 
 class CheckpointError(JaxortError, ValueError):

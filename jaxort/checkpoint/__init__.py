@@ -12,7 +12,7 @@ TensorProto functions import it when called).
 Example:
   >>> import numpy as np
   >>> import jaxort.checkpoint as ckpt
-  >>> state = ckpt.CheckpointState(trainable={"w": np.ones(3, np.float32)}, properties={"epoch": 2})
+  >>> state = ckpt.Checkpoint(trainable={"w": np.ones(3, np.float32)}, properties={"epoch": 2})
   >>> ckpt.load_from_buffer(ckpt.to_bytes(state)).properties
   {'epoch': 2}
 """
@@ -22,20 +22,22 @@ from jaxort.errors import CheckpointError
 from ._api import load, load_from_buffer, save, to_bytes
 from ._format import CHECKPOINT_VERSION, DEFAULT_EXTERNAL_DATA_THRESHOLD, external_data_path
 from ._onnx import load_to_model, save_tensors
-from ._state import CheckpointState, NominalTensor, OptimizerGroup
+from ._state import Checkpoint, NominalTensor, OptimizerGroup, PropertyValue, normalize_property
 from ._summary import summary
 
 __all__ = [
     "CHECKPOINT_VERSION",
     "DEFAULT_EXTERNAL_DATA_THRESHOLD",
     "CheckpointError",
-    "CheckpointState",
+    "Checkpoint",
     "NominalTensor",
     "OptimizerGroup",
+    "PropertyValue",
     "external_data_path",
     "load",
     "load_from_buffer",
     "load_to_model",
+    "normalize_property",
     "save",
     "save_tensors",
     "summary",

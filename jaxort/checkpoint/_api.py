@@ -1,4 +1,4 @@
-"""load / save / to_bytes: CheckpointState <-> ONNX Runtime Training checkpoint files.
+"""load / save / to_bytes: Checkpoint <-> ONNX Runtime Training checkpoint files.
 
 Imports numpy and the standard library (and, through _write, the generated
 flatbuffers code); never JAX or onnx.
@@ -16,7 +16,7 @@ from jaxort.errors import CheckpointError
 
 from ._format import DEFAULT_EXTERNAL_DATA_THRESHOLD, external_data_path
 from ._read import parse
-from ._state import CheckpointState
+from ._state import Checkpoint
 from ._write import build_state, write_files
 
 __all__ = ["load", "load_from_buffer", "save", "to_bytes"]
@@ -51,7 +51,7 @@ def _read_file(path: str, use_mmap: bool, what: str) -> np.ndarray:
         raise CheckpointError(f"cannot read {what} {path!r}: {e}") from e
 
 
-def load(path: PathLike, *, mmap: bool = False) -> CheckpointState:
+def load(path: PathLike, *, mmap: bool = False) -> Checkpoint:
     """Loads an ONNX Runtime Training checkpoint file.
 
     The file is read into memory once; tensors are read-only views of those
@@ -67,7 +67,7 @@ def load(path: PathLike, *, mmap: bool = False) -> CheckpointState:
         crash the process on POSIX systems.
 
     Returns:
-      The CheckpointState, with parameters and properties in file order.
+      The Checkpoint, with parameters and properties in file order.
 
     Raises:
       CheckpointError: the file is missing, malformed, of another version,
@@ -83,7 +83,7 @@ def load(path: PathLike, *, mmap: bool = False) -> CheckpointState:
     return parse(data, path, lambda: _read_file(external_data_path(path), mmap, "external data file"))
 
 
-def load_from_buffer(buffer: Union[bytes, bytearray, memoryview]) -> CheckpointState:
+def load_from_buffer(buffer: Union[bytes, bytearray, memoryview]) -> Checkpoint:
     """Loads a checkpoint from bytes in memory.
 
     Arrays view ``buffer`` (read-only); pass ``bytes`` so nothing can change
@@ -93,7 +93,7 @@ def load_from_buffer(buffer: Union[bytes, bytearray, memoryview]) -> CheckpointS
       buffer: the checkpoint file's bytes.
 
     Returns:
-      The CheckpointState.
+      The Checkpoint.
 
     Raises:
       CheckpointError: the bytes are malformed, of another version, or the
@@ -108,7 +108,7 @@ def load_from_buffer(buffer: Union[bytes, bytearray, memoryview]) -> CheckpointS
     return parse(data, "checkpoint buffer")
 
 
-def to_bytes(state: CheckpointState, include_optimizer_state: bool = False) -> bytes:
+def to_bytes(state: Checkpoint, include_optimizer_state: bool = False) -> bytes:
     """Serializes a state to checkpoint bytes, all data inline.
 
     Tensors, optimizer groups and properties are written sorted by name, as
@@ -131,7 +131,7 @@ def to_bytes(state: CheckpointState, include_optimizer_state: bool = False) -> b
 
 
 def save(
-    state: CheckpointState,
+    state: Checkpoint,
     path: PathLike,
     include_optimizer_state: bool = False,
     external_data_threshold: Optional[int] = DEFAULT_EXTERNAL_DATA_THRESHOLD,

@@ -23,7 +23,7 @@ import numpy as np
 from jaxort.errors import CheckpointError
 
 from ._format import CHECKPOINT_VERSION, FILE_IDENTIFIER, MAX_RANK, STRING, SUPPORTED_DTYPES, type_label
-from ._state import CheckpointState, NominalTensor, OptimizerGroup
+from ._state import Checkpoint, NominalTensor, OptimizerGroup
 
 __all__ = ["parse"]
 
@@ -287,7 +287,7 @@ class _Walker:
 
     # -- the checkpoint --------------------------------------------------
 
-    def checkpoint(self) -> CheckpointState:
+    def checkpoint(self) -> Checkpoint:
         if self.n < 12:
             raise self.fail(f"truncated: {self.n} bytes cannot hold a checkpoint")
         ident = bytes(self.mv[4:8])
@@ -330,7 +330,7 @@ class _Walker:
         if bag_pos is not None:
             properties = self._properties(self.table(bag_pos, "property_bag"))
 
-        return CheckpointState(
+        return Checkpoint(
             trainable=trainable,
             frozen=frozen,
             optimizer_groups=tuple(groups),
@@ -378,7 +378,7 @@ def parse(
     data: np.ndarray,
     source: str,
     external: Optional[Callable[[], np.ndarray]] = None,
-) -> CheckpointState:
+) -> Checkpoint:
     """Parses a checkpoint held in a 1-D uint8 array.
 
     Args:
@@ -389,7 +389,7 @@ def parse(
         path to find it.
 
     Returns:
-      The CheckpointState.
+      The Checkpoint.
 
     Raises:
       CheckpointError: the bytes are not a valid version-2 checkpoint.

@@ -1,8 +1,8 @@
-"""The in-memory checkpoint: CheckpointState, OptimizerGroup, NominalTensor.
+"""The in-memory checkpoint: Checkpoint, OptimizerGroup, NominalTensor.
 
 These are plain immutable containers of numpy arrays and Python scalars that
 mirror the tables of an ONNX Runtime Training checkpoint. The training layer
-registers CheckpointState as a JAX pytree; this module must not import JAX
+registers Checkpoint as a JAX pytree; this module must not import JAX
 (nor onnx): only numpy and the standard library.
 """
 
@@ -14,7 +14,53 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
-__all__ = ["NominalTensor", "OptimizerGroup", "CheckpointState", "Tensor"]
+from jaxort.errors import InputError
+
+__all__ = ["NominalTensor", "OptimizerGroup", "Checkpoint", "Tensor", "PropertyValue",
+           "normalize_property"]
+
+PropertyValue = Union[int, float, str]
+
+
+def normalize_property(name: Any, value: Any) -> PropertyValue:
+    """A property value as a checkpoint stores it: int (int64), float (float32) or str.
+
+    This is the one rule for property values, used when a property is set
+    and when a checkpoint is written. As in ONNX Runtime 1.19.2, a bool is
+    stored as an int, and a float is rounded to float32 (reading it back
+    gives the float32 value).
+
+    Args:
+      name: the property name (a str).
+      value: an int, float, bool, numpy scalar or str.
+
+    Returns:
+      The normalized value: a Python int, float or str.
+
+    Raises:
+      InputError: a name that is not a str, an int outside int64, a float
+        outside float32, or a value of another type.
+
+    Example:
+      >>> normalize_property("flag", True), normalize_property("lr", 0.1)
+      (1, 0.10000000149011612)
+    """
+    if not isinstance(name, str):
+        raise InputError(f"property names must be str, got {name!r}")
+    if isinstance(value, (bool, np.bool_, int, np.integer)):
+        value = int(value)
+        if not -(2**63) <= value < 2**63:
+            raise InputError(f"property {name!r}: {value} does not fit in int64")
+        return value
+    if isinstance(value, (float, np.floating)):
+        with np.errstate(over="ignore"):
+            rounded = np.float32(value)
+        if np.isinf(rounded) and not np.isinf(value):
+            raise InputError(f"property {name!r}: {value!r} is not a float32 value")
+        return float(rounded)
+    if isinstance(value, str):
+        return value
+    raise InputError(f"property {name!r} must be an int, float or str, got {type(value).__name__}")
 
 
 class NominalTensor(NamedTuple):
@@ -65,7 +111,7 @@ class OptimizerGroup:
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckpointState:
+class Checkpoint:
     """Everything an ONNX Runtime Training checkpoint holds.
 
     Mappings are plain insertion-ordered dicts; loading keeps the file's
@@ -91,11 +137,11 @@ class CheckpointState:
     is_nominal: bool = False
     has_external_data: bool = False
 
-    def replace(self, **changes: Any) -> "CheckpointState":
+    def replace(self, **changes: Any) -> "Checkpoint":
         """Returns a copy with the given fields replaced.
 
         Example:
-          >>> s = CheckpointState(trainable={"w": np.zeros(2, np.float32)})
+          >>> s = Checkpoint(trainable={"w": np.zeros(2, np.float32)})
           >>> s.replace(properties={"epoch": 1}).properties
           {'epoch': 1}
         """

@@ -14,7 +14,7 @@ from jaxort.dtypes import onnx_type_name, to_onnx_type
 
 from ._api import load
 from ._format import external_data_path
-from ._state import CheckpointState, NominalTensor
+from ._state import Checkpoint, NominalTensor
 
 __all__ = ["summary"]
 
@@ -54,11 +54,11 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...], right: set[int]
     return lines
 
 
-def summary(state_or_path: Union[CheckpointState, str, os.PathLike]) -> str:
+def summary(state_or_path: Union[Checkpoint, str, os.PathLike]) -> str:
     """Describes a checkpoint: parameters, optimizer groups, properties, sizes.
 
     Args:
-      state_or_path: a CheckpointState, or the path of a checkpoint file.
+      state_or_path: a Checkpoint, or the path of a checkpoint file.
 
     Returns:
       Multi-line text (no trailing newline).
@@ -68,12 +68,12 @@ def summary(state_or_path: Union[CheckpointState, str, os.PathLike]) -> str:
 
     Example:
       >>> import numpy as np
-      >>> s = CheckpointState(trainable={"w": np.zeros((2, 3), np.float32)})
+      >>> s = Checkpoint(trainable={"w": np.zeros((2, 3), np.float32)})
       >>> print(summary(s).splitlines()[0])
       checkpoint: 1 parameter (1 trainable, 0 frozen), 6 elements, 24 B of parameter data
     """
     lines: list[str] = []
-    if isinstance(state_or_path, CheckpointState):
+    if isinstance(state_or_path, Checkpoint):
         state = state_or_path
     else:
         path = os.fspath(state_or_path)

@@ -5,7 +5,7 @@ created in the same order with the same builder rules (see _builder.py), so
 that jaxort and ONNX Runtime write identical files for the same state. Two
 entry points mirror ORT's two SaveCheckpoint overloads:
 
-- ``build_state``: a CheckpointState (ORT sorts tensors, optimizer groups,
+- ``build_state``: a Checkpoint (ORT sorts tensors, optimizer groups,
   parameters, momentums and properties by name);
 - ``build_tensors``: tensors given in order (ORT's TensorProto overload,
   used for the initial checkpoint of an artifact set).
@@ -34,7 +34,7 @@ from jaxort._fbs import PropertyBag as _B
 from jaxort._fbs import StringProperty as _SP
 from jaxort._fbs import Tensor as _T
 from jaxort.dtypes import NUMPY_TO_ONNX
-from jaxort.errors import CheckpointError
+from jaxort.errors import CheckpointError, InputError
 
 from ._builder import Builder
 from ._format import (
@@ -46,7 +46,7 @@ from ._format import (
     external_alignment,
     external_data_path,
 )
-from ._state import CheckpointState, NominalTensor
+from ._state import Checkpoint, NominalTensor, normalize_property
 
 __all__ = ["TensorRecord", "build_state", "build_tensors", "write_files", "tensor_record"]
 
@@ -226,29 +226,28 @@ def _float32(value: Any, what: str) -> float:
 def _property_bag(b: Builder, properties: Mapping[str, Any]) -> int:
     ints, floats, strings = [], [], []
     for name in sorted(properties, key=lambda n: _utf8_key(_check_name(n, "property"))):
-        value = properties[name]
         what = f"property {name!r}"
+        try:
+            value = normalize_property(name, properties[name])
+        except InputError as e:
+            raise CheckpointError(f"{e}; it cannot be saved") from None
         name_off = b.CreateString(name)
-        if isinstance(value, (bool, int, np.integer, np.bool_)):
-            v = _int64(value, what)
+        if isinstance(value, int):
             _IP.IntPropertyStart(b)
             _IP.IntPropertyAddName(b, name_off)
-            _IP.IntPropertyAddValue(b, v)
+            _IP.IntPropertyAddValue(b, value)
             ints.append(_IP.IntPropertyEnd(b))
-        elif isinstance(value, (float, np.floating)):
-            v = _float32(value, what)
+        elif isinstance(value, float):
             _FP.FloatPropertyStart(b)
             _FP.FloatPropertyAddName(b, name_off)
-            _FP.FloatPropertyAddValue(b, v)
+            _FP.FloatPropertyAddValue(b, value)
             floats.append(_FP.FloatPropertyEnd(b))
-        elif isinstance(value, str):
+        else:
             value_off = b.CreateString(_check_name(value, what + " value"))
             _SP.StringPropertyStart(b)
             _SP.StringPropertyAddName(b, name_off)
             _SP.StringPropertyAddValue(b, value_off)
             strings.append(_SP.StringPropertyEnd(b))
-        else:
-            raise CheckpointError(f"{what}: {type(value).__name__} values cannot be saved (int, float or str)")
     ints_vec = b.CreateOffsetVector(ints)
     floats_vec = b.CreateOffsetVector(floats)
     strings_vec = b.CreateOffsetVector(strings)
@@ -269,9 +268,9 @@ def _data_bytes(records: Iterable[TensorRecord]) -> int:
 
 
 def build_state(
-    state: CheckpointState, include_optimizer_state: bool, external_data_threshold: Optional[int]
+    state: Checkpoint, include_optimizer_state: bool, external_data_threshold: Optional[int]
 ) -> tuple[Builder, Optional[_ExternalData]]:
-    """Lays out a CheckpointState as ORT's SaveCheckpoint(state) does.
+    """Lays out a Checkpoint as ORT's SaveCheckpoint(state) does.
 
     Args:
       state: the state to write.

@@ -45,7 +45,7 @@ def assert_tensor_equal(a, b, what: str = "") -> None:
 
 
 def assert_state_equal(x, y) -> None:
-    """Two CheckpointStates hold the same values (order of dicts ignored)."""
+    """Two Checkpoints hold the same values (order of dicts ignored)."""
     assert set(x.trainable) == set(y.trainable)
     assert set(x.frozen) == set(y.frozen)
     for n in x.trainable:

@@ -74,18 +74,18 @@ def test_failure_at_fsync_or_rename_keeps_old_file(monkeypatch, old_and_new, ste
 def test_bad_state_leaves_no_trace(tmp_path):
     path = tmp_path / "ckpt"
     with pytest.raises(ckpt.CheckpointError):
-        ckpt.save(ckpt.CheckpointState(trainable={"a": np.zeros(1, "datetime64[s]")}), path)
+        ckpt.save(ckpt.Checkpoint(trainable={"a": np.zeros(1, "datetime64[s]")}), path)
     assert os.listdir(tmp_path) == []
 
 
 def test_unwritable_directory(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="cannot write checkpoint"):
-        ckpt.save(ckpt.CheckpointState(), tmp_path / "missing_dir" / "ckpt")
+        ckpt.save(ckpt.Checkpoint(), tmp_path / "missing_dir" / "ckpt")
 
 
 def test_new_file_permissions_follow_umask(tmp_path):
     path = tmp_path / "ckpt"
-    ckpt.save(ckpt.CheckpointState(), path)
+    ckpt.save(ckpt.Checkpoint(), path)
     umask = os.umask(0)
     os.umask(umask)
     if os.name == "posix":

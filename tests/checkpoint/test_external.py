@@ -57,7 +57,7 @@ def test_save_tensors_keeps_small_tensors_inline(tmp_path):
 
 
 def test_missing_or_short_side_file(tmp_path):
-    state = ckpt.CheckpointState(trainable={"w": np.arange(32, dtype=np.float32)})
+    state = ckpt.Checkpoint(trainable={"w": np.arange(32, dtype=np.float32)})
     path = tmp_path / "c"
     ckpt.save(state, path, external_data_threshold=0)
     with pytest.raises(ckpt.CheckpointError, match="cannot reach"):

@@ -68,7 +68,7 @@ def states(draw):
             )
         )
     props = draw(st.dictionaries(names, property_values, max_size=6))
-    return ckpt.CheckpointState(trainable=trainable, frozen=frozen, optimizer_groups=tuple(groups), properties=props)
+    return ckpt.Checkpoint(trainable=trainable, frozen=frozen, optimizer_groups=tuple(groups), properties=props)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -91,7 +91,7 @@ def test_random_states_round_trip(state):
 @given(st.dictionaries(names, tensors().filter(lambda a: a.dtype != object), max_size=4), st.integers(0, 200))
 def test_random_states_round_trip_through_external_files(tmp_path_factory, params, threshold):
     path = tmp_path_factory.mktemp("ext") / "ckpt"
-    state = ckpt.CheckpointState(trainable=params)
+    state = ckpt.Checkpoint(trainable=params)
     ckpt.save(state, path, external_data_threshold=threshold)
     back = ckpt.load(path)
     assert_state_equal(back, state)
@@ -101,7 +101,7 @@ def test_random_states_round_trip_through_external_files(tmp_path_factory, param
 @settings(max_examples=30, deadline=None)
 @given(st.dictionaries(names, st.tuples(shapes, st.sampled_from(NUMERIC)), max_size=4))
 def test_nominal_states_round_trip(spec):
-    state = ckpt.CheckpointState(
+    state = ckpt.Checkpoint(
         trainable={n: ckpt.NominalTensor(shape, np.dtype(dt)) for n, (shape, dt) in spec.items()}, is_nominal=True
     )
     back = ckpt.load_from_buffer(ckpt.to_bytes(state))

@@ -47,7 +47,7 @@ def test_same_state_built_independently_gives_ort_bytes(case):
     loaded = ckpt.load(GOLDEN / case / "ckpt_after_with_opt")
     manifest_props = {"run_name": "golden-run", "best_metric": 0.125, "epoch": 6}
     (group,) = loaded.optimizer_groups
-    state = ckpt.CheckpointState(
+    state = ckpt.Checkpoint(
         trainable=_scrambled({n: np.array(m_after[n]) for n in loaded.trainable}),
         frozen=_scrambled({n: np.array(m_after[n]) for n in loaded.frozen}),
         optimizer_groups=(
@@ -231,15 +231,15 @@ def test_state_helpers():
 def test_bad_states_raise_checkpoint_error():
     w = np.zeros(2, np.float32)
     cases = [
-        (ckpt.CheckpointState(trainable={"a": w}, frozen={"a": w}), "appears twice"),
-        (ckpt.CheckpointState(trainable={1: w}), "not a str"),
-        (ckpt.CheckpointState(trainable={"a": np.zeros(2, "datetime64[s]")}), "dtype"),
-        (ckpt.CheckpointState(trainable={"a": ckpt.NominalTensor((2,), np.dtype("f4"))}), "NominalTensor"),
-        (ckpt.CheckpointState(properties={"p": 2**63}), "int64"),
-        (ckpt.CheckpointState(properties={"p": 1e39}), "float32"),
-        (ckpt.CheckpointState(properties={"p": [1]}), "int, float or str"),
-        (ckpt.CheckpointState(trainable={"\ud800": w}), "unicode"),
-        (ckpt.CheckpointState(trainable={"s": np.array([1, "a"], dtype=object)}), "str or bytes"),
+        (ckpt.Checkpoint(trainable={"a": w}, frozen={"a": w}), "appears twice"),
+        (ckpt.Checkpoint(trainable={1: w}), "not a str"),
+        (ckpt.Checkpoint(trainable={"a": np.zeros(2, "datetime64[s]")}), "dtype"),
+        (ckpt.Checkpoint(trainable={"a": ckpt.NominalTensor((2,), np.dtype("f4"))}), "NominalTensor"),
+        (ckpt.Checkpoint(properties={"p": 2**63}), "int64"),
+        (ckpt.Checkpoint(properties={"p": 1e39}), "float32"),
+        (ckpt.Checkpoint(properties={"p": [1]}), "int, float or str"),
+        (ckpt.Checkpoint(trainable={"\ud800": w}), "unicode"),
+        (ckpt.Checkpoint(trainable={"s": np.array([1, "a"], dtype=object)}), "str or bytes"),
     ]
     for state, message in cases:
         with pytest.raises(ckpt.CheckpointError, match=message):
@@ -248,7 +248,7 @@ def test_bad_states_raise_checkpoint_error():
 
 def test_big_endian_and_strided_arrays_are_written_little_endian():
     a = np.arange(6, dtype=">f8").reshape(2, 3)
-    state = ckpt.CheckpointState(trainable={"a": a, "t": a.T.astype("<i4")})
+    state = ckpt.Checkpoint(trainable={"a": a, "t": a.T.astype("<i4")})
     back = ckpt.load_from_buffer(ckpt.to_bytes(state))
     np.testing.assert_array_equal(back.trainable["a"], a.astype("<f8"), strict=True)
     np.testing.assert_array_equal(back.trainable["t"], a.T.astype("<i4"), strict=True)
@@ -256,13 +256,13 @@ def test_big_endian_and_strided_arrays_are_written_little_endian():
 
 def test_property_edge_values_round_trip():
     props = {"neg_zero": -0.0, "nan": float("nan"), "zero": 0, "big": 2**63 - 1, "empty": "", "bool": True}
-    back = ckpt.load_from_buffer(ckpt.to_bytes(ckpt.CheckpointState(properties=props))).properties
+    back = ckpt.load_from_buffer(ckpt.to_bytes(ckpt.Checkpoint(properties=props))).properties
     assert np.signbit(back["neg_zero"]) and np.isnan(back["nan"])
     assert back["zero"] == 0 and back["big"] == 2**63 - 1 and back["empty"] == "" and back["bool"] == 1
 
 
 def test_empty_state_round_trips():
-    state = ckpt.CheckpointState()
+    state = ckpt.Checkpoint()
     assert_state_equal(ckpt.load_from_buffer(ckpt.to_bytes(state)), state)
 
 

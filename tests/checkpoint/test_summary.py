@@ -25,7 +25,7 @@ def test_summary_of_a_golden_file():
 def test_summary_of_states():
     nominal = ckpt.summary(GOLDEN / "mlp_adamw" / "nominal_checkpoint")
     assert "flags: nominal (names, shapes and types only)" in nominal
-    s = ckpt.CheckpointState(trainable={"w": np.zeros((2, 3), np.float32)}, frozen={"s": np.array(["ab"], object)})
+    s = ckpt.Checkpoint(trainable={"w": np.zeros((2, 3), np.float32)}, frozen={"s": np.array(["ab"], object)})
     text = ckpt.summary(s)
     assert text.splitlines()[0] == "checkpoint: 2 parameters (1 trainable, 1 frozen), 7 elements, 26 B of parameter data"
     assert "string (STRING)" in text and text.endswith("properties: 0")
