@@ -33,7 +33,7 @@ from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, JaxortError, ModelError, OpError, UnsupportedOpError
 from jaxort.graph import _registry
 from jaxort.graph._model import ModelSource, load_model
-from jaxort.graph._values import OpContext, is_static, node_scope
+from jaxort.graph._values import OpContext, is_static
 
 __all__ = ["JaxGraph", "TensorInfo", "Subgraph", "backward_slice", "outer_reads",
            "x64_enabled_scope"]
@@ -392,10 +392,33 @@ def _to_static(value):
     return np.asarray(value)
 
 
+def _name_the_node(err: OpError, node: _Node) -> None:
+    """Prefixes ``node``'s description to ``err``, unless a node already claimed it.
+
+    Handlers and the helpers of ``_values`` raise OpErrors without naming the
+    node; the innermost dispatcher the error passes through (the node in a
+    subgraph or function body, not the If or the expanded op around it) names it
+    once, and marks the error so the enclosing dispatchers leave it alone.
+    """
+    if getattr(err, "node", None) is not None:
+        return
+    message = str(err.args[0]) if err.args else ""
+    if not message.startswith(node.describe):
+        err.args = (f"{node.describe}: {message}",) + tuple(err.args[1:])
+    err.node = node.describe
+
+
 def _call_node(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tuple:
+    try:
+        return _dispatch(node, args, env, runtime)
+    except OpError as e:
+        _name_the_node(e, node)
+        raise
+
+
+def _dispatch(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tuple:
     if node.handler is None:
-        with node_scope(node.describe):
-            return _run_function(node, args, runtime)
+        return _run_function(node, args, runtime)
     h = node.handler
     kwargs = dict(node.kwargs)
     for name, prog in node.subgraphs.items():
@@ -407,18 +430,17 @@ def _call_node(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tupl
         kwargs["ctx"] = OpContext(node.name, node.opset, runtime.training, node.inputs,
                                   node.outputs, key, runtime.updates)
     fold = h.foldable and not node.subgraphs and all(is_static(a) for a in args)
-    with node_scope(node.describe):
-        try:
-            if fold:
-                with jax.ensure_compile_time_eval(), x64_enabled_scope():
-                    result = h.fn(*args, **kwargs)
-                    result = _to_static(result)
-            else:
+    try:
+        if fold:
+            with jax.ensure_compile_time_eval(), x64_enabled_scope():
                 result = h.fn(*args, **kwargs)
-        except JaxortError:
-            raise
-        except Exception as e:
-            raise OpError(f"{node.describe} failed: {type(e).__name__}: {e}") from e
+                result = _to_static(result)
+        else:
+            result = h.fn(*args, **kwargs)
+    except JaxortError:
+        raise
+    except Exception as e:
+        raise OpError(f"{node.describe} failed: {type(e).__name__}: {e}") from e
     if not isinstance(result, tuple):
         # A list is one sequence value; several outputs come as a tuple.
         result = (result,)

@@ -5,12 +5,15 @@ at trace time: initializers kept as constants, Constant nodes, shape
 arithmetic) or *traced* (a JAX array or tracer). Handlers that need a value at
 trace time (a Reshape target, Slice bounds, a TopK k) get it through
 :func:`static`, which raises an error naming the node when it is traced.
+
+Errors raised here (and any :class:`~jaxort.errors.OpError` raised by a
+handler) do not name the node themselves: the dispatcher prefixes the node's
+description ("ai.onnx::Reshape (opset 14), node 'r1'") to every OpError that
+leaves a handler.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 from typing import Any
 
@@ -19,25 +22,7 @@ import numpy as np
 
 from jaxort.errors import OpError, StaticValueError
 
-__all__ = ["is_static", "static", "static_ints", "OpContext", "node_scope", "describe_node"]
-
-# Set by the tracer while a handler runs, so helpers can name the node in errors.
-_CURRENT_NODE: contextvars.ContextVar[str] = contextvars.ContextVar("jaxort_node", default="")
-
-
-def describe_node() -> str:
-    """Returns "domain::Op (opset N), node 'name'" for the node being traced."""
-    return _CURRENT_NODE.get() or "<no node>"
-
-
-@contextlib.contextmanager
-def node_scope(description: str):
-    """Marks the node whose handler runs inside this block (for error messages)."""
-    token = _CURRENT_NODE.set(description)
-    try:
-        yield
-    finally:
-        _CURRENT_NODE.reset(token)
+__all__ = ["is_static", "static", "static_ints", "OpContext"]
 
 
 def is_static(x: Any) -> bool:
@@ -53,7 +38,8 @@ def static(x: Any, what: str = "input") -> np.ndarray:
       what: what the value is, for the error ("input 'shape'").
 
     Raises:
-      OpError: naming the node, when ``x`` is a traced JAX value.
+      StaticValueError: when ``x`` is a traced JAX value (the dispatcher adds
+        the node's name).
     """
     if isinstance(x, np.ndarray):
         return x
@@ -62,7 +48,7 @@ def static(x: Any, what: str = "input") -> np.ndarray:
     if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
         return np.asarray(x)
     raise StaticValueError(
-        f"{describe_node()}: {what} must be known at trace time (a constant or "
+        f"{what} must be known at trace time (a constant or "
         "computed from shapes), but it depends on a runtime value; jaxort cannot "
         "compile data-dependent shapes"
     )
@@ -98,11 +84,12 @@ class OpContext:
         """Returns a PRNG key for this node.
 
         Raises:
-          OpError: when the caller gave no ``rng`` key to the traced function.
+          OpError: when the caller gave no ``rng`` key to the traced function
+            (the dispatcher adds the node's name).
         """
         if self._key is None:
             raise OpError(
-                f"{describe_node()} is random in this mode and needs a PRNG key: "
+                "the node is random in this mode and needs a PRNG key: "
                 "pass rng=jax.random.key(seed) to apply"
             )
         return self._key

@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxort.errors import OpError, StaticValueError
 from jaxort.graph import register
-from jaxort.graph._values import describe_node
+from jaxort.graph.ops._common import canonical_dtype
 
 # Loops with a static trip count up to this many iterations are unrolled in Python.
 _UNROLL_MAX = 256
@@ -29,10 +29,6 @@ def _concrete(x):
     if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
         return np.asarray(x)
     return None
-
-
-def _canonical(dtype) -> np.dtype:
-    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def _to_jax(tree):
@@ -63,7 +59,7 @@ def if_(cond, *, then_branch, else_branch):
     c = _concrete(cond)
     if c is not None:
         if c.size != 1:
-            raise OpError(f"{describe_node()}: cond must hold one element, given shape "
+            raise OpError(f"cond must hold one element, given shape "
                           f"{list(c.shape)}")
         return then_branch() if bool(c.reshape(-1)[0]) else else_branch()
     then_shapes = jax.eval_shape(lambda: _to_jax(then_branch()))
@@ -71,7 +67,7 @@ def if_(cond, *, then_branch, else_branch):
     if (jax.tree_util.tree_structure(then_shapes) != jax.tree_util.tree_structure(else_shapes)
             or _avals(then_shapes) != _avals(else_shapes)):
         raise StaticValueError(
-            f"{describe_node()}: the condition is only known at run time and the branches "
+            f"the condition is only known at run time and the branches "
             f"give different outputs (then {_describe_types(then_shapes)}, else "
             f"{_describe_types(else_shapes)}); jaxort compiles both branches with lax.cond, "
             "which needs equal shapes and dtypes")
@@ -136,11 +132,11 @@ def _check_carry(init, new, what):
     for k, (a, b) in enumerate(zip(init, new)):
         if isinstance(a, (list, tuple)) or a is None or isinstance(b, (list, tuple)) or b is None:
             raise StaticValueError(
-                f"{describe_node()}: {what} {k} is a sequence or optional; jaxort can only "
+                f"{what} {k} is a sequence or optional; jaxort can only "
                 "carry those through loops it unrolls (static trip count and condition)")
         if tuple(jnp.shape(a)) != tuple(jnp.shape(b)):
             raise OpError(
-                f"{describe_node()}: {what} {k} changes shape from {list(jnp.shape(a))} to "
+                f"{what} {k} changes shape from {list(jnp.shape(a))} to "
                 f"{list(jnp.shape(b))} inside the loop; jaxort compiles loops with lax "
                 "control flow, which needs fixed shapes (or a static trip count <= "
                 f"{_UNROLL_MAX})")
@@ -150,7 +146,7 @@ def _check_carry(init, new, what):
 
 def _while(body, m, cond, init, n_carried):
     """lax.while_loop over (i, cond, carried); ``m`` is None, an int or a traced scalar."""
-    index_dtype = _canonical(np.int64)
+    index_dtype = canonical_dtype(np.int64)
     if m is not None:
         m = jnp.reshape(jnp.asarray(m), ()).astype(index_dtype)
 
@@ -172,7 +168,7 @@ def _while(body, m, cond, init, n_carried):
 
 def _loop_traced(body, m, cond, carried, n_carried, n_scan):
     """Loop through lax.scan (static trip count) or lax.while_loop."""
-    index_dtype = _canonical(np.int64)
+    index_dtype = canonical_dtype(np.int64)
     init = tuple(jnp.asarray(v) if not isinstance(v, (list, tuple)) and v is not None else v
                  for v in carried)
     _check_carry(init, init, "loop-carried value")
@@ -205,7 +201,7 @@ def _loop_traced(body, m, cond, carried, n_carried, n_scan):
 
     if n_scan:
         raise StaticValueError(
-            f"{describe_node()}: a Loop with scan outputs needs a trip count and a condition "
+            "a Loop with scan outputs needs a trip count and a condition "
             "known at trace time (the number of stacked iterations decides the output shape)")
 
     if trip is not None and trip <= _GATED_SCAN_MAX:
@@ -241,7 +237,7 @@ def loop(M=None, cond=None, *v_initial, body):  # noqa: N803 (spec name)
     n_carried = len(v_initial)
     n_scan = len(body.output_names) - 1 - n_carried
     if n_scan < 0:
-        raise OpError(f"{describe_node()}: the body has {len(body.output_names)} outputs, "
+        raise OpError(f"the body has {len(body.output_names)} outputs, "
                       f"fewer than 1 + {n_carried} loop-carried values")
     m_static = None if M is None else _concrete(M)
     cond_static = None if cond is None else _concrete(cond)
@@ -249,7 +245,7 @@ def loop(M=None, cond=None, *v_initial, body):  # noqa: N803 (spec name)
         return _loop_traced(body, M, cond, v_initial, n_carried, n_scan)
     trip = None if m_static is None else int(m_static.reshape(-1)[0])
     if trip is None and cond is None:
-        raise OpError(f"{describe_node()}: Loop has neither a trip count nor a condition")
+        raise OpError("Loop has neither a trip count nor a condition")
     if (cond is None or cond_static is not None) and (trip is None or trip <= _UNROLL_MAX):
         try:
             return _loop_unrolled(body, trip, cond_static, v_initial, n_carried, n_scan,
@@ -263,7 +259,7 @@ def loop(M=None, cond=None, *v_initial, body):  # noqa: N803 (spec name)
 
 def _norm_axis(axis, rank, what):
     if not -rank <= axis < rank:
-        raise OpError(f"{describe_node()}: {what} {axis} is out of range for rank {rank}")
+        raise OpError(f"{what} {axis} is out of range for rank {rank}")
     return axis % rank
 
 
@@ -271,7 +267,7 @@ def _scan(body, states, xs, in_axes, in_dirs, out_axes, out_dirs):
     n_state = len(states)
     n_out = len(body.output_names) - n_state
     if n_out < 0:
-        raise OpError(f"{describe_node()}: the body has {len(body.output_names)} outputs, "
+        raise OpError(f"the body has {len(body.output_names)} outputs, "
                       f"fewer than its {n_state} state variables")
     in_axes = list(in_axes) if in_axes is not None else [0] * len(xs)
     in_dirs = list(in_dirs) if in_dirs is not None else [0] * len(xs)
@@ -287,7 +283,7 @@ def _scan(body, states, xs, in_axes, in_dirs, out_axes, out_dirs):
         seqs.append(x)
     lengths = {int(x.shape[0]) for x in seqs}
     if len(lengths) > 1:
-        raise OpError(f"{describe_node()}: scan inputs have different sequence lengths "
+        raise OpError(f"scan inputs have different sequence lengths "
                       f"{sorted(lengths)}")
     init = tuple(jnp.asarray(s) for s in states)
 
@@ -296,14 +292,14 @@ def _scan(body, states, xs, in_axes, in_dirs, out_axes, out_dirs):
         new = []
         for k, (a, b) in enumerate(zip(state, outs[:n_state])):
             if tuple(jnp.shape(a)) != tuple(jnp.shape(b)):
-                raise OpError(f"{describe_node()}: state variable {k} changes shape from "
+                raise OpError(f"state variable {k} changes shape from "
                               f"{list(jnp.shape(a))} to {list(jnp.shape(b))}")
             new.append(jnp.asarray(b).astype(a.dtype))
         return tuple(new), _to_jax(tuple(outs[n_state:]))
 
     length = lengths.pop() if lengths else None
     if length is None:
-        raise OpError(f"{describe_node()}: Scan needs at least one scan input")
+        raise OpError("Scan needs at least one scan input")
     final, ys = jax.lax.scan(step, init, tuple(seqs), length=length)
     outs = []
     for k, y in enumerate(ys):
@@ -333,11 +329,11 @@ def scan_8(sequence_lens=None, *initial_state_and_scan_inputs, body, num_scan_in
     if sequence_lens is not None:
         lens = _concrete(sequence_lens)
         if lens is None:
-            raise StaticValueError(f"{describe_node()}: input 'sequence_lens' must be known at "
+            raise StaticValueError("input 'sequence_lens' must be known at "
                                    "trace time")
         full = {int(jnp.shape(x)[1]) for x in args[n_state:]}
         if any(int(v) not in full for v in lens.reshape(-1)):
-            raise OpError(f"{describe_node()}: sequence_lens {lens.tolist()} shorter than the "
+            raise OpError(f"sequence_lens {lens.tolist()} shorter than the "
                           "scan inputs are not supported")
 
     def one(*row):

@@ -17,7 +17,6 @@ import numpy as np
 
 from jaxort.errors import OpError
 from jaxort.graph import register, static
-from jaxort.graph._values import describe_node
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                 "asymmetric", "tf_crop_and_resize", "tf_half_pixel_for_nn")
@@ -48,7 +47,7 @@ def _source_coords(mode, y, scale, in_w, out_w, out_int, roi):
         offset = in_w / 2 * (1 - adjustment)
         x = offset + (y + 0.5) / scale - 0.5
     else:
-        raise OpError(f"{describe_node()}: unknown coordinate_transformation_mode {mode!r}")
+        raise OpError(f"unknown coordinate_transformation_mode {mode!r}")
     return np.asarray(x, np.float64), extrap
 
 
@@ -65,7 +64,7 @@ def _nearest_coeffs(ratio, nearest_mode, scale):
         return np.array([1.0, 0.0])
     if nearest_mode == "ceil":
         return np.array([0.0, 1.0])
-    raise OpError(f"{describe_node()}: unknown nearest_mode {nearest_mode!r}")
+    raise OpError(f"unknown nearest_mode {nearest_mode!r}")
 
 
 def _linear_coeffs(ratio, scale, antialias):
@@ -112,7 +111,7 @@ def _axis_taps(in_w, out_int, scale, roi, p):
         coeffs = np.stack([_cubic_coeffs(r, scale, p["cubic_a"], p["antialias"])
                            for r in ratios]) if out_int else np.zeros((0, 4))
     else:
-        raise OpError(f"{describe_node()}: unknown mode {p['mode']!r}")
+        raise OpError(f"unknown mode {p['mode']!r}")
     n = coeffs.shape[1]
     # The n input positions nearest to x (ties to the smaller index), as ONNX's reference.
     pad = int(np.ceil(n / 2))
@@ -156,7 +155,13 @@ def _resize_axis(x, axis, in_w, out_int, scale, roi, p, compute_dtype):
     return y
 
 
-def _compute_dtype(dtype):
+def _interpolation_dtype(dtype):
+    """The dtype Resize interpolates in: float32 for narrow inputs, else the widest float.
+
+    float32 and float64 stay; float16, bfloat16 and 8/16-bit integers go to
+    float32; wider integers go to float64 (float32 when x64 is off), so their
+    coordinates and weighted sums do not lose integer precision.
+    """
     dtype = np.dtype(dtype)
     if dtype in (np.dtype(np.float32), np.dtype(np.float64)):
         return dtype
@@ -170,18 +175,18 @@ def _resize(X, roi, scales, sizes, p, axes=None, policy="stretch"):
     r = x.ndim
     axes = list(range(r)) if axes is None else [a + r if a < 0 else a for a in axes]
     if any(not 0 <= a < r for a in axes) or len(set(axes)) != len(axes):
-        raise OpError(f"{describe_node()}: invalid axes {axes} for rank {r}")
+        raise OpError(f"invalid axes {axes} for rank {r}")
     n = len(axes)
     if scales is not None and sizes is not None:
-        raise OpError(f"{describe_node()}: only one of scales and sizes may be given")
+        raise OpError("only one of scales and sizes may be given")
     if roi is not None:
         roi = list(roi)  # numpy scalars: (hi - lo) is computed in roi's precision, like ONNX's
         if len(roi) != 2 * n:
-            raise OpError(f"{describe_node()}: roi has {len(roi)} values, expected {2 * n}")
+            raise OpError(f"roi has {len(roi)} values, expected {2 * n}")
     if sizes is not None:
         sizes = [int(v) for v in sizes]
         if len(sizes) != n:
-            raise OpError(f"{describe_node()}: sizes has {len(sizes)} values, expected {n}")
+            raise OpError(f"sizes has {len(sizes)} values, expected {n}")
         sc = [sizes[i] / x.shape[a] if x.shape[a] else 1.0 for i, a in enumerate(axes)]
         if policy != "stretch":
             if policy == "not_larger":
@@ -189,24 +194,24 @@ def _resize(X, roi, scales, sizes, p, axes=None, policy="stretch"):
             elif policy == "not_smaller":
                 s = max(sc)
             else:
-                raise OpError(f"{describe_node()}: unknown keep_aspect_ratio_policy {policy!r}")
+                raise OpError(f"unknown keep_aspect_ratio_policy {policy!r}")
             sc = [s] * n
             sizes = [int(s * x.shape[a] + 0.5) for a in axes]
     elif scales is not None:
         sc = [float(v) for v in scales]
         if len(sc) != n:
-            raise OpError(f"{describe_node()}: scales has {len(sc)} values, expected {n}")
+            raise OpError(f"scales has {len(sc)} values, expected {n}")
         if any(s <= 0 for s in sc):
-            raise OpError(f"{describe_node()}: scales {sc} must be positive")
+            raise OpError(f"scales {sc} must be positive")
         sizes = [int(sc[i] * x.shape[a]) for i, a in enumerate(axes)]
     else:
-        raise OpError(f"{describe_node()}: one of scales and sizes must be given")
+        raise OpError("one of scales and sizes must be given")
     if p["mode"] == "nearest" and p["antialias"]:
-        raise OpError(f"{describe_node()}: antialias is not supported with mode 'nearest'")
+        raise OpError("antialias is not supported with mode 'nearest'")
     if p["ctm"] not in _COORD_MODES:
-        raise OpError(f"{describe_node()}: unknown coordinate_transformation_mode {p['ctm']!r}")
+        raise OpError(f"unknown coordinate_transformation_mode {p['ctm']!r}")
     dtype = x.dtype
-    ct = _compute_dtype(dtype)
+    ct = _interpolation_dtype(dtype)
     y = x
     for i, a in enumerate(axes):
         lo, hi = (roi[i], roi[n + i]) if roi is not None else (0.0, 1.0)
@@ -215,9 +220,9 @@ def _resize(X, roi, scales, sizes, p, axes=None, policy="stretch"):
                      or (math.isclose(lo, 0.0) and math.isclose(hi, 1.0)))):
             continue
         if p["ctm"] == "tf_crop_and_resize" and roi is None:
-            raise OpError(f"{describe_node()}: tf_crop_and_resize needs the roi input")
+            raise OpError("tf_crop_and_resize needs the roi input")
         if x.shape[a] == 0 and sizes[i]:
-            raise OpError(f"{describe_node()}: cannot resize an empty axis {a}")
+            raise OpError(f"cannot resize an empty axis {a}")
         y = _resize_axis(y, a, x.shape[a], sizes[i], sc[i], (lo, hi), p, ct)
     if y.dtype != dtype:
         if np.dtype(dtype).kind in "iu":
@@ -245,7 +250,7 @@ def _params(mode, ctm="half_pixel", nearest_mode="round_prefer_floor", cubic_coe
 def _legacy(X, scales, mode):
     """Resize-10 / Upsample: asymmetric coordinates, nearest floors up and ceils down."""
     if mode not in ("nearest", "linear", "bilinear"):
-        raise OpError(f"{describe_node()}: unsupported mode {mode!r}")
+        raise OpError(f"unsupported mode {mode!r}")
     mode = "linear" if mode == "bilinear" else mode
     return _resize(X, None, scales, None, _params(mode, "asymmetric", "simple"))
 

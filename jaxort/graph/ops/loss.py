@@ -11,25 +11,20 @@ import numpy as np
 
 from jaxort.errors import OpError
 from jaxort.graph import register
-from jaxort.graph._values import describe_node
-
-
-def _compute_dtype(dtype):
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
+from jaxort.graph.ops._common import at_least_float32
 
 
 def _nll(log_prob, target, weight, reduction, ignore_index):
     """Returns the NLL loss of ``log_prob`` [N, C, ...] (compute dtype) at ``target``."""
     if jnp.ndim(log_prob) < 2:
-        raise OpError(f"{describe_node()}: input must have rank >= 2 [N, C, ...], "
+        raise OpError(f"input must have rank >= 2 [N, C, ...], "
                       f"given shape {list(jnp.shape(log_prob))}")
     expected = (log_prob.shape[0],) + tuple(log_prob.shape[2:])
     if tuple(jnp.shape(target)) != expected:
-        raise OpError(f"{describe_node()}: target shape {list(jnp.shape(target))} does not "
+        raise OpError(f"target shape {list(jnp.shape(target))} does not "
                       f"match input shape {list(log_prob.shape)} (expected {list(expected)})")
     if reduction not in ("none", "sum", "mean"):
-        raise OpError(f"{describe_node()}: unknown reduction {reduction!r}")
+        raise OpError(f"unknown reduction {reduction!r}")
     n_classes = log_prob.shape[1]
     target = jnp.asarray(target)
     if ignore_index is not None:
@@ -64,7 +59,7 @@ def _nll(log_prob, target, weight, reduction, ignore_index):
 def negative_log_likelihood_loss(x, target, weight=None, *, reduction, ignore_index=None):
     """NegativeLogLikelihoodLoss-12/13/22; mean divides by the summed weights of kept targets."""
     dtype = np.dtype(x.dtype)
-    xc = x.astype(_compute_dtype(dtype))
+    xc = x.astype(at_least_float32(dtype))
     return _nll(xc, target, weight, reduction, ignore_index).astype(dtype)
 
 
@@ -72,9 +67,9 @@ def negative_log_likelihood_loss(x, target, weight=None, *, reduction, ignore_in
 def softmax_cross_entropy_loss(scores, labels, weights=None, *, reduction, ignore_index=None):
     """SoftmaxCrossEntropyLoss-12/13; returns (loss, log_prob)."""
     dtype = np.dtype(scores.dtype)
-    x = scores.astype(_compute_dtype(dtype))
+    x = scores.astype(at_least_float32(dtype))
     if jnp.ndim(x) < 2:
-        raise OpError(f"{describe_node()}: scores must have rank >= 2 [N, C, ...], "
+        raise OpError(f"scores must have rank >= 2 [N, C, ...], "
                       f"given shape {list(jnp.shape(x))}")
     log_prob = jax.nn.log_softmax(x, axis=1)
     loss = _nll(log_prob, labels, weights, reduction, ignore_index)

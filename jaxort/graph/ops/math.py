@@ -19,7 +19,7 @@ from jax import lax
 from jaxort.dtypes import to_numpy_dtype, to_onnx_type
 from jaxort.errors import OpError
 from jaxort.graph import register, static
-from jaxort.graph._values import describe_node
+from jaxort.graph.ops._common import is_inexact, is_integer
 
 # --------------------------------------------------------------------------- helpers
 
@@ -30,15 +30,6 @@ def _dtype(x) -> np.dtype:
 
 def _is_str(x) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
-
-
-def _is_float(dt) -> bool:
-    return jnp.issubdtype(np.dtype(dt), jnp.inexact)
-
-
-def _is_int(dt) -> bool:
-    dt = np.dtype(dt)
-    return jnp.issubdtype(dt, jnp.integer) and dt != np.bool_
 
 
 def _legacy_broadcast(a, b, broadcast, axis):
@@ -99,7 +90,7 @@ def mul_1(a, b, *, broadcast=None, axis=None, consumed_inputs=None):
 
 
 def _div(a, b):
-    if _is_int(_dtype(a)):
+    if is_integer(_dtype(a)):
         a, b = jnp.broadcast_arrays(a, b)
         return lax.div(a, b)  # C semantics: truncates toward zero
     return jnp.divide(a, b)
@@ -119,9 +110,9 @@ def div_1(a, b, *, broadcast=None, axis=None, consumed_inputs=None):
 
 def _pow(x, y):
     xd, yd = _dtype(x), _dtype(y)
-    if _is_float(xd):
+    if is_inexact(xd):
         return jnp.power(x, y if yd == xd else jnp.asarray(y).astype(xd))
-    if _is_float(yd):
+    if is_inexact(yd):
         # Integer base, float exponent: compute in the exponent's type. Results
         # within float rounding of an integer snap to it (pow(2., 5.) may come
         # out as 31.999998), the rest truncate like a C cast.
@@ -213,7 +204,7 @@ def sqrt(x):
 def _via_float(fn, x):
     """Applies a float function to an integer tensor (schema allows ints), casting back."""
     dt = _dtype(x)
-    if _is_float(dt):
+    if is_inexact(dt):
         return fn(x)
     work = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
     return fn(jnp.asarray(x).astype(work)).astype(dt)
@@ -302,7 +293,7 @@ def det(x):
 
 def _fold(fn, inputs):
     if not inputs:
-        raise OpError(f"{describe_node()}: needs at least one input")
+        raise OpError("needs at least one input")
     out = inputs[0]
     for x in inputs[1:]:
         out = fn(out, x)
@@ -426,7 +417,7 @@ def gelu(x, *, approximate):
     """Gelu-20+ (approximate "none" or "tanh")."""
     if approximate not in ("none", "tanh"):
         raise OpError(
-            f"{describe_node()}: approximate must be 'none' or 'tanh', got {approximate!r}")
+            f"approximate must be 'none' or 'tanh', got {approximate!r}")
     if approximate == "tanh":
         c = float(np.sqrt(2 / np.pi))
         return 0.5 * x * (1 + jnp.tanh(c * (x + 0.044715 * x * x * x)))
@@ -609,7 +600,7 @@ def bitwise_not(x):
 def bit_shift(x, y, *, direction):
     """BitShift-11+ (signed right shifts are arithmetic; shifts outside [0, bits) give 0 or -1)."""
     if direction not in ("LEFT", "RIGHT"):
-        raise OpError(f"{describe_node()}: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+        raise OpError(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
     dt = _dtype(x)
     x, y = jnp.broadcast_arrays(x, jnp.asarray(y).astype(dt))
     bits = np.iinfo(dt).bits
@@ -662,7 +653,7 @@ def _onnx_dtype(code: int) -> np.dtype:
             return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code))
         except Exception:  # noqa: BLE001  (onnx raises KeyError or ValueError)
             names = {v: k for k, v in onnx.TensorProto.DataType.items()}
-            raise OpError(f"{describe_node()}: cannot cast to ONNX element type {code} "
+            raise OpError(f"cannot cast to ONNX element type {code} "
                           f"({names.get(code, 'unknown')}): numpy has no such dtype") from None
 
 
@@ -684,7 +675,7 @@ def _parse_string(s) -> float:
 
 def _cast_from_strings(x: np.ndarray, dt: np.dtype) -> np.ndarray:
     flat = x.reshape(-1)
-    if _is_int(dt):
+    if is_integer(dt):
         vals = []
         for s in flat:
             text = s.decode("utf-8") if isinstance(s, bytes) else str(s)
@@ -723,7 +714,7 @@ def _to_e8m0(x, saturate, round_mode):
     elif round_mode == "down":
         up = jnp.zeros(exponent.shape, jnp.bool_)
     else:
-        raise OpError(f"{describe_node()}: round_mode must be 'up', 'down' or 'nearest', "
+        raise OpError(f"round_mode must be 'up', 'down' or 'nearest', "
                       f"got {round_mode!r}")
     up = up & ~special
     if saturate:
@@ -749,12 +740,12 @@ def _cast(x, to: int, saturate, round_mode):
     if to == _E8M0:
         return _to_e8m0(x, saturate, round_mode or "up")
     if to in _FLOAT8 and saturate:
-        if not _is_float(src):
+        if not is_inexact(src):
             x = x.astype(jnp.float32)
         info = ml_dtypes.finfo(dt)
         x = jnp.clip(x, float(info.min), float(info.max))
         return x.astype(dt)
-    if to in _SUBBYTE_INT and (_is_float(src) or src == np.bool_):
+    if to in _SUBBYTE_INT and (is_inexact(src) or src == np.bool_):
         # Out-of-range values become 0, as ml_dtypes (the reference) does; XLA would saturate.
         info = ml_dtypes.iinfo(dt)
         t = jnp.trunc(x.astype(jnp.float32))
@@ -775,7 +766,7 @@ def cast_1(x, *, to):
     try:
         code = onnx.TensorProto.DataType.Value(str(to).upper())
     except ValueError:
-        raise OpError(f"{describe_node()}: unknown type name to={to!r}") from None
+        raise OpError(f"unknown type name to={to!r}") from None
     return _cast(x, code, None, None)
 
 
@@ -791,9 +782,9 @@ def bit_cast(x, *, to):
     dt = _onnx_dtype(int(to))
     src = _dtype(x)
     if _is_str(x) or dt.kind in "OUS":
-        raise OpError(f"{describe_node()}: BitCast does not support strings")
+        raise OpError("BitCast does not support strings")
     if src.itemsize != dt.itemsize:
-        raise OpError(f"{describe_node()}: BitCast needs types of equal width, got {src} "
+        raise OpError(f"BitCast needs types of equal width, got {src} "
                       f"({src.itemsize * 8} bits) and {dt} ({dt.itemsize * 8} bits)")
     if src == dt:
         return x

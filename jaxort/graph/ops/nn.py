@@ -16,40 +16,16 @@ from jax import lax
 
 from jaxort.errors import OpError
 from jaxort.graph import register, static, static_ints
-from jaxort.graph._values import describe_node
+from jaxort.graph.ops._common import at_least_float32, is_floating, lowest_value
 
 
 # ---------------------------------------------------------------------------
 # helpers
 
 
-def _is_float(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.floating)
-
-
-def _compute_dtype(dtype):
-    """float32 for half-precision inputs (statistics in low precision drift), else dtype."""
-    dtype = np.dtype(dtype)
-    if dtype in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16)):
-        return np.dtype(np.float32)
-    return dtype
-
-
 def _stash_dtype(dtype, stash_type):
     """The dtype normalization statistics are computed in (stash_type 1 = float32 or wider)."""
-    dtype = np.dtype(dtype)
-    if stash_type == 1 and dtype.itemsize < 4:
-        return np.dtype(np.float32)
-    return dtype
-
-
-def _lowest(dtype):
-    dtype = np.dtype(dtype)
-    if _is_float(dtype):
-        return np.array(-np.inf, dtype)
-    if dtype == np.bool_:
-        return np.array(False)
-    return np.array(np.iinfo(dtype).min, dtype)
+    return at_least_float32(dtype) if stash_type == 1 else np.dtype(dtype)
 
 
 def _channel_shape(x):
@@ -64,7 +40,7 @@ def _spatial_attrs(x, w_spatial, kernel_shape, strides, dilations):
     dilations = list(dilations) if dilations is not None else [1] * n
     if len(kernel) != n or len(strides) != n or len(dilations) != n:
         raise OpError(
-            f"{describe_node()}: input has {n} spatial dims (shape {list(x.shape)}) but "
+            f"input has {n} spatial dims (shape {list(x.shape)}) but "
             f"kernel_shape={kernel}, strides={strides}, dilations={dilations}")
     return kernel, strides, dilations
 
@@ -83,10 +59,10 @@ def _auto_pads(in_sp, eff_k, strides, auto_pad, pads):
     if auto_pad == "VALID" or pads is None:
         return [(0, 0)] * n
     if auto_pad not in ("NOTSET", "", None):
-        raise OpError(f"{describe_node()}: unknown auto_pad {auto_pad!r}")
+        raise OpError(f"unknown auto_pad {auto_pad!r}")
     pads = list(pads)
     if len(pads) != 2 * n:
-        raise OpError(f"{describe_node()}: pads {pads} should have {2 * n} values")
+        raise OpError(f"pads {pads} should have {2 * n} values")
     return [(pads[i], pads[i + n]) for i in range(n)]
 
 
@@ -122,7 +98,7 @@ def matmul(a, b):
 def _scale(y, alpha):
     if alpha == 1.0:
         return y
-    return y * (alpha if _is_float(y.dtype) else jnp.asarray(alpha).astype(y.dtype))
+    return y * (alpha if is_floating(y.dtype) else jnp.asarray(alpha).astype(y.dtype))
 
 
 @register("Gemm", since=1)
@@ -287,7 +263,7 @@ def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, ou
 def _pool_geometry(x, kernel_shape, strides, dilations, auto_pad, pads, ceil_mode):
     """Returns kernel, strides, dilations, output dims, explicit (lo, hi) pads, extra hi pads."""
     if kernel_shape is None:
-        raise OpError(f"{describe_node()}: kernel_shape is required")
+        raise OpError("kernel_shape is required")
     kernel, strides, dilations = _spatial_attrs(x, None, kernel_shape, strides, dilations)
     in_sp = x.shape[2:]
     eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
@@ -333,7 +309,7 @@ def max_pool(x, *, auto_pad, ceil_mode=None, dilations=None, kernel_shape, pads,
     kernel, strides, dilations, out, padding, extra = _pool_geometry(
         x, kernel_shape, strides, dilations, auto_pad, pads, ceil_mode)
     full_pad = [(lo, hi + e) for (lo, hi), e in zip(padding, extra)]
-    y = _reduce_window(x, _lowest(x.dtype), lax.max, kernel, strides, dilations, full_pad)
+    y = _reduce_window(x, lowest_value(x.dtype), lax.max, kernel, strides, dilations, full_pad)
     if len(ctx.output_names) < 2 or not ctx.output_names[1]:
         return y
     return y, _max_pool_indices(x, kernel, strides, dilations, out, full_pad, storage_order)
@@ -342,7 +318,7 @@ def max_pool(x, *, auto_pad, ceil_mode=None, dilations=None, kernel_shape, pads,
 def _max_pool_indices(x, kernel, strides, dilations, out, full_pad, storage_order):
     n = x.ndim - 2
     in_sp = x.shape[2:]
-    xp = jnp.pad(x, ((0, 0), (0, 0)) + tuple(full_pad), constant_values=_lowest(x.dtype))
+    xp = jnp.pad(x, ((0, 0), (0, 0)) + tuple(full_pad), constant_values=lowest_value(x.dtype))
     patches, positions = [], []
     for offs in itertools.product(*[range(k) for k in kernel]):
         sl = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
@@ -419,7 +395,7 @@ def global_lp_pool(x, *, p):
 
 
 def _bn_inference(x, scale, b, mean, var, epsilon):
-    cd = _compute_dtype(x.dtype)
+    cd = at_least_float32(x.dtype)
     shape = _channel_shape(x)
     inv = lax.rsqrt(jnp.reshape(var, shape).astype(cd) + epsilon)
     y = (x.astype(cd) - jnp.reshape(mean, shape).astype(cd)) * inv
@@ -428,7 +404,7 @@ def _bn_inference(x, scale, b, mean, var, epsilon):
 
 
 def _batch_stats(x):
-    cd = _compute_dtype(x.dtype)
+    cd = at_least_float32(x.dtype)
     axes = (0,) + tuple(range(2, x.ndim))
     xc = x.astype(cd)
     mean = jnp.mean(xc, axis=axes)
@@ -525,7 +501,7 @@ def rms_normalization(x, scale, *, axis, epsilon, stash_type):
 @register("InstanceNormalization", since=1)
 def instance_normalization(x, scale, b, *, epsilon, consumed_inputs=None):
     """InstanceNormalization-1+."""
-    cd = _compute_dtype(x.dtype)
+    cd = at_least_float32(x.dtype)
     y, _, _ = _normalize(x, tuple(range(2, x.ndim)), epsilon, cd)
     shape = _channel_shape(x)
     y = y * jnp.reshape(scale, shape).astype(cd) + jnp.reshape(b, shape).astype(cd)
@@ -548,7 +524,7 @@ def _group_norm(x, scale, bias, epsilon, num_groups, cd, per_channel):
 @register("GroupNormalization", since=18)
 def group_normalization_18(x, scale, bias, *, epsilon, num_groups):
     """GroupNormalization-18 (scale and bias per group)."""
-    return _group_norm(x, scale, bias, epsilon, num_groups, _compute_dtype(x.dtype), False)
+    return _group_norm(x, scale, bias, epsilon, num_groups, at_least_float32(x.dtype), False)
 
 
 @register("GroupNormalization", since=21)
@@ -578,7 +554,7 @@ def lp_normalization(x, *, axis, p):
     elif p == 2:
         norm = jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=True))
     else:
-        raise OpError(f"{describe_node()}: p must be 1 or 2, got {p}")
+        raise OpError(f"p must be 1 or 2, got {p}")
     return (x / jnp.where(norm == 0, jnp.ones((), x.dtype), norm)).astype(x.dtype)
 
 
@@ -735,7 +711,7 @@ def _attention(q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, *, sc
     rank3 = q.ndim == 3
     if rank3:
         if not q_num_heads or not kv_num_heads:
-            raise OpError(f"{describe_node()}: 3-D inputs need q_num_heads and kv_num_heads")
+            raise OpError("3-D inputs need q_num_heads and kv_num_heads")
         q = _split_heads(q, q_num_heads)
         k = _split_heads(k, kv_num_heads)
         v = _split_heads(v, kv_num_heads)
@@ -837,7 +813,7 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved,
         x = jnp.transpose(x, (0, 2, 1, 3))  # (batch, seq, heads, head)
     else:
         if not num_heads:
-            raise OpError(f"{describe_node()}: 3-D input needs num_heads")
+            raise OpError("3-D input needs num_heads")
         x = x.reshape(shape[0], shape[1], num_heads, shape[2] // num_heads)
     dim = rotary_embedding_dim or x.shape[3]
     rot, rest = x[..., :dim], x[..., dim:]
@@ -935,7 +911,7 @@ def grid_sample(x, grid, *, align_corners, mode, padding_mode):
             elif mode == "cubic":
                 ws, offs = _cubic_coeffs(t), [-1, 0, 1, 2]
             else:
-                raise OpError(f"{describe_node()}: unknown mode {mode!r}")
+                raise OpError(f"unknown mode {mode!r}")
             taps_per_dim.append([tap(i0 + o, w) for o, w in zip(offs, ws)])
     strides = np.cumprod((1,) + tuple(dims[::-1]))[:-1][::-1]
     flat_x = x.reshape(n, c, -1)
@@ -1049,7 +1025,7 @@ def deform_conv(x, w, offset, b=None, mask=None, *, dilations, group, kernel_sha
                 pads, strides):
     """DeformConv-19+ (2-D)."""
     if x.ndim != 4:
-        raise OpError(f"{describe_node()}: jaxort implements 2-D DeformConv only, input shape "
+        raise OpError(f"jaxort implements 2-D DeformConv only, input shape "
                       f"{list(x.shape)}")
     n, c, h, wd = x.shape
     oc = w.shape[0]

@@ -9,14 +9,13 @@ import jax.numpy as jnp
 
 from jaxort.errors import OpError
 from jaxort.graph import register
-from jaxort.graph._values import describe_node
 
 _DOMAIN = "ai.onnx.preview.training"
 
 
 def _groups(tensors, kinds):
     if len(tensors) % kinds:
-        raise OpError(f"{describe_node()}: expected a multiple of {kinds} tensors after R and "
+        raise OpError(f"expected a multiple of {kinds} tensors after R and "
                       f"T, got {len(tensors)}")
     n = len(tensors) // kinds
     return [tensors[i * n:(i + 1) * n] for i in range(kinds)]
@@ -65,7 +64,7 @@ def adam(r, t, *tensors, alpha, beta, epsilon, norm_coefficient, norm_coefficien
 def momentum(r, t, *tensors, alpha, beta, mode, norm_coefficient):
     """Momentum-1 (standard and nesterov modes)."""
     if mode not in ("standard", "nesterov"):
-        raise OpError(f"{describe_node()}: mode must be 'standard' or 'nesterov', got {mode!r}")
+        raise OpError(f"mode must be 'standard' or 'nesterov', got {mode!r}")
     xs, gs, vs = _groups(tensors, 3)
     new_x, new_v = [], []
     for x, g, v in zip(xs, gs, vs):

@@ -15,7 +15,6 @@ from jax import lax
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import OpError
 from jaxort.graph import register
-from jaxort.graph._values import describe_node
 
 _INT_RANGES = {
     np.dtype(np.uint8): (0, 255),
@@ -40,7 +39,7 @@ def _np_dtype(code: int) -> np.dtype:
     try:
         return to_numpy_dtype(int(code))
     except Exception:  # noqa: BLE001
-        raise OpError(f"{describe_node()}: unsupported element type {code}") from None
+        raise OpError(f"unsupported element type {code}") from None
 
 
 def _expand(value, shape, axis, block_size):
@@ -56,23 +55,23 @@ def _expand(value, shape, axis, block_size):
         axis += rank
     if not 0 <= axis < rank:
         raise OpError(
-            f"{describe_node()}: axis {axis} is out of range for input shape {list(shape)}")
+            f"axis {axis} is out of range for input shape {list(shape)}")
     if not block_size:
         if v.ndim != 1 or v.shape[0] != shape[axis]:
             raise OpError(
-                f"{describe_node()}: per-axis scale/zero point must be 1-D of length "
+                f"per-axis scale/zero point must be 1-D of length "
                 f"{shape[axis]} (input shape {list(shape)}, axis {axis}), "
                 f"got shape {list(v.shape)}")
         dims = [1] * rank
         dims[axis] = v.shape[0]
         return v.reshape(dims)
     if v.ndim != rank:
-        raise OpError(f"{describe_node()}: blocked scale must have the input's rank {rank}, "
+        raise OpError(f"blocked scale must have the input's rank {rank}, "
                       f"got shape {list(v.shape)}")
     v = jnp.repeat(v, int(block_size), axis=axis)
     v = lax.slice_in_dim(v, 0, shape[axis], axis=axis)
     if tuple(v.shape) != tuple(shape):
-        raise OpError(f"{describe_node()}: blocked scale shape does not match input shape "
+        raise OpError(f"blocked scale shape does not match input shape "
                       f"{list(shape)} with block_size {block_size}")
     return v
 
@@ -83,7 +82,7 @@ def _quantize(x, y_scale, y_zero_point, *, axis=None, saturate=None, block_size=
     if y_zero_point is not None:
         out = np.dtype(y_zero_point.dtype)
         if output_dtype and _np_dtype(output_dtype) != out:
-            raise OpError(f"{describe_node()}: output_dtype {output_dtype} differs from the "
+            raise OpError(f"output_dtype {output_dtype} differs from the "
                           f"zero point's type {out}")
     elif output_dtype:
         out = _np_dtype(output_dtype)
@@ -114,7 +113,7 @@ def _quantize(x, y_scale, y_zero_point, *, axis=None, saturate=None, block_size=
         if y_zero_point is not None:
             q = q + _expand(y_zero_point, shape, axis, block_size).astype(work)
         return q.astype(out)
-    raise OpError(f"{describe_node()}: {out} is not a quantized type")
+    raise OpError(f"{out} is not a quantized type")
 
 
 def _dequantize(x, x_scale, x_zero_point, *, axis=None, block_size=None, output_dtype=None):

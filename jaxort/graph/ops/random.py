@@ -13,7 +13,6 @@ import numpy as np
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import OpError
 from jaxort.graph import register
-from jaxort.graph._values import describe_node
 
 
 def _key(ctx, seed):
@@ -29,7 +28,7 @@ def _key(ctx, seed):
 def _float_dtype(dtype):
     dtype = np.dtype(dtype)
     if dtype.kind != "f" and dtype != np.dtype("bfloat16"):
-        raise OpError(f"{describe_node()}: dtype must be a floating-point type, given {dtype}")
+        raise OpError(f"dtype must be a floating-point type, given {dtype}")
     return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
@@ -86,7 +85,7 @@ def bernoulli(x, *, dtype=None, seed=None, ctx):
 def multinomial(x, *, dtype, sample_size, seed=None, ctx):
     """Multinomial-7/22: x [batch, classes] unnormalized log-probabilities (JAX's generator)."""
     if jnp.ndim(x) != 2:
-        raise OpError(f"{describe_node()}: input must be [batch, classes], given shape "
+        raise OpError(f"input must be [batch, classes], given shape "
                       f"{list(jnp.shape(x))}")
     logits = jnp.asarray(x)
     samples = jax.random.categorical(_key(ctx, seed), logits, axis=-1,

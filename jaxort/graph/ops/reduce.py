@@ -12,11 +12,7 @@ import numpy as np
 
 from jaxort.errors import OpError
 from jaxort.graph import register, static_ints
-from jaxort.graph._values import describe_node
-
-
-def _canonical(dtype) -> np.dtype:
-    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+from jaxort.graph.ops._common import canonical_dtype, highest_value, is_integer, lowest_value
 
 
 def _normalize_axes(data, axes, noop_with_empty_axes):
@@ -30,10 +26,10 @@ def _normalize_axes(data, axes, noop_with_empty_axes):
     for a in axes:
         a = int(a)
         if not -rank <= a < max(rank, 1):
-            raise OpError(f"{describe_node()}: axis {a} is out of range for rank {rank}")
+            raise OpError(f"axis {a} is out of range for rank {rank}")
         out.append(a % max(rank, 1))
     if len(set(out)) != len(out):
-        raise OpError(f"{describe_node()}: axes {list(axes)} repeat an axis")
+        raise OpError(f"axes {list(axes)} repeat an axis")
     return tuple(sorted(out))
 
 
@@ -60,16 +56,12 @@ def _reduce(data, axes, keepdims, noop_with_empty_axes, fn, empty_value=None):
     return fn(data, ax, keep)
 
 
-def _is_int(dtype) -> bool:
-    return np.issubdtype(np.dtype(dtype), np.integer)
-
-
 def _sum(x, ax, keep):
     return jnp.sum(x, axis=ax, keepdims=keep, dtype=x.dtype)
 
 
 def _mean(x, ax, keep):
-    if _is_int(x.dtype):
+    if is_integer(x.dtype):
         n = int(np.prod([x.shape[a] for a in ax]))
         # numpy (the ONNX reference) divides and truncates toward zero.
         return jax.lax.div(_sum(x, ax, keep), jnp.asarray(max(n, 1), x.dtype))
@@ -93,7 +85,7 @@ def _l1(x, ax, keep):
 
 
 def _float_of(dtype):
-    return _canonical(np.float64) if _is_int(dtype) else np.dtype(dtype)
+    return canonical_dtype(np.float64) if is_integer(dtype) else np.dtype(dtype)
 
 
 def _l2(x, ax, keep):
@@ -118,24 +110,6 @@ def _log_sum_exp(x, ax, keep):
     if not keep:
         out = jnp.squeeze(out, axis=ax)
     return out.astype(x.dtype)
-
-
-def _lowest(dtype):
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return False
-    if _is_int(dtype):
-        return np.iinfo(dtype).min
-    return -np.inf
-
-
-def _highest(dtype):
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return True
-    if _is_int(dtype):
-        return np.iinfo(dtype).max
-    return np.inf
 
 
 def _neg_inf(dtype):
@@ -173,25 +147,25 @@ def reduce_mean(data, axes=None, *, keepdims, noop_with_empty_axes):
 @register("ReduceMax", since=1)
 def reduce_max_1(data, *, axes=None, keepdims):
     """ReduceMax-1/11/12/13 (axes attribute)."""
-    return _reduce(data, axes, keepdims, 0, _max, _lowest)
+    return _reduce(data, axes, keepdims, 0, _max, lowest_value)
 
 
 @register("ReduceMax", since=18)
 def reduce_max(data, axes=None, *, keepdims, noop_with_empty_axes):
     """ReduceMax-18/20 (axes input; bool from 20)."""
-    return _reduce(data, _axes_input(axes), keepdims, noop_with_empty_axes, _max, _lowest)
+    return _reduce(data, _axes_input(axes), keepdims, noop_with_empty_axes, _max, lowest_value)
 
 
 @register("ReduceMin", since=1)
 def reduce_min_1(data, *, axes=None, keepdims):
     """ReduceMin-1/11/12/13 (axes attribute)."""
-    return _reduce(data, axes, keepdims, 0, _min, _highest)
+    return _reduce(data, axes, keepdims, 0, _min, highest_value)
 
 
 @register("ReduceMin", since=18)
 def reduce_min(data, axes=None, *, keepdims, noop_with_empty_axes):
     """ReduceMin-18/20 (axes input; bool from 20)."""
-    return _reduce(data, _axes_input(axes), keepdims, noop_with_empty_axes, _min, _highest)
+    return _reduce(data, _axes_input(axes), keepdims, noop_with_empty_axes, _min, highest_value)
 
 
 @register("ReduceProd", since=1)
@@ -272,9 +246,9 @@ def reduce_log_sum_exp(data, axes=None, *, keepdims, noop_with_empty_axes):
 def _arg(data, axis, keepdims, select_last_index, fn):
     rank = jnp.ndim(data)
     if not -rank <= axis < max(rank, 1):
-        raise OpError(f"{describe_node()}: axis {axis} is out of range for rank {rank}")
+        raise OpError(f"axis {axis} is out of range for rank {rank}")
     axis = axis % max(rank, 1)
-    index_dtype = _canonical(np.int64)
+    index_dtype = canonical_dtype(np.int64)
     if select_last_index:
         n = data.shape[axis]
         idx = fn(jnp.flip(data, axis=axis), axis=axis, keepdims=bool(keepdims))

@@ -8,7 +8,6 @@ from jax import lax
 
 from jaxort.errors import OpError
 from jaxort.graph import register
-from jaxort.graph._values import describe_node
 
 # activation name -> (function of (x, alpha, beta), how many of alpha/beta it consumes, defaults)
 _ACTIVATIONS = {
@@ -35,7 +34,7 @@ def _activations(names, alphas, betas, defaults, num_directions):
     for name in names:
         key = name.lower()
         if key not in _ACTIVATIONS:
-            raise OpError(f"{describe_node()}: unsupported activation {name!r}")
+            raise OpError(f"unsupported activation {name!r}")
         fn, n_params, dflt = _ACTIVATIONS[key]
         a = alphas.pop(0) if n_params >= 1 and alphas else (dflt[0] if n_params >= 1 else None)
         b = betas.pop(0) if n_params >= 2 and betas else (dflt[1] if n_params >= 2 else None)

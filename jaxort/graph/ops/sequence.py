@@ -15,7 +15,6 @@ import numpy as np
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import OpError
 from jaxort.graph import is_static, register, static_ints
-from jaxort.graph._values import describe_node
 
 
 def _seq(x, what="input_sequence"):
@@ -23,7 +22,7 @@ def _seq(x, what="input_sequence"):
     if isinstance(x, tuple):
         return list(x)
     if not isinstance(x, list):
-        raise OpError(f"{describe_node()}: {what} must be a sequence, given "
+        raise OpError(f"{what} must be a sequence, given "
                       f"{type(x).__name__}")
     return list(x)
 
@@ -38,11 +37,11 @@ def _none_if_empty(x):
 def _position(position, length, *, insert):
     pos = static_ints(position, "input 'position'")
     if len(pos) != 1:
-        raise OpError(f"{describe_node()}: position must hold one value, given {pos}")
+        raise OpError(f"position must hold one value, given {pos}")
     p = pos[0]
     hi = length if insert else length - 1
     if not -length <= p <= hi:
-        raise OpError(f"{describe_node()}: position {p} is out of range for a sequence of "
+        raise OpError(f"position {p} is out of range for a sequence of "
                       f"length {length}")
     return p + length if p < 0 else p
 
@@ -89,7 +88,7 @@ def sequence_erase(input_sequence, position=None):
     """SequenceErase-11 (position must be static)."""
     seq = _seq(input_sequence)
     if not seq:
-        raise OpError(f"{describe_node()}: cannot erase from an empty sequence")
+        raise OpError("cannot erase from an empty sequence")
     p = len(seq) - 1 if position is None else _position(position, len(seq), insert=False)
     del seq[p]
     return (seq,)
@@ -106,7 +105,7 @@ def split_to_sequence(x, split=None, *, axis, keepdims):
     """SplitToSequence-11/24 (split must be static)."""
     rank = np.ndim(x)
     if not -rank <= axis < rank:
-        raise OpError(f"{describe_node()}: axis {axis} is out of range for rank {rank}")
+        raise OpError(f"axis {axis} is out of range for rank {rank}")
     axis %= rank
     dim = int(np.shape(x)[axis])
     xp = _lib(x)
@@ -117,12 +116,12 @@ def split_to_sequence(x, split=None, *, axis, keepdims):
         if np.ndim(split) == 0:
             n = sizes[0]
             if n <= 0:
-                raise OpError(f"{describe_node()}: split must be positive, given {n}")
+                raise OpError(f"split must be positive, given {n}")
             parts = [n] * (dim // n) + ([dim % n] if dim % n else [])
         else:
             parts = sizes
             if sum(parts) != dim or any(p < 0 for p in parts):
-                raise OpError(f"{describe_node()}: split {parts} does not sum to dimension "
+                raise OpError(f"split {parts} does not sum to dimension "
                               f"{dim} of axis {axis}")
     out = []
     start = 0
@@ -142,11 +141,11 @@ def concat_from_sequence(input_sequence, *, axis, new_axis):
     """ConcatFromSequence-11."""
     seq = _seq(input_sequence)
     if not seq:
-        raise OpError(f"{describe_node()}: cannot concatenate an empty sequence")
+        raise OpError("cannot concatenate an empty sequence")
     xp = _lib(*seq)
     rank = np.ndim(seq[0]) + (1 if new_axis else 0)
     if not -rank <= axis < rank:
-        raise OpError(f"{describe_node()}: axis {axis} is out of range for rank {rank}")
+        raise OpError(f"axis {axis} is out of range for rank {rank}")
     axis %= rank
     if new_axis:
         return xp.stack(seq, axis=axis)
@@ -160,7 +159,7 @@ def sequence_map(input_sequence, *additional_inputs, body):
     extra = [_none_if_empty(a) for a in additional_inputs]
     for a in extra:
         if isinstance(a, list) and len(a) != len(seq):
-            raise OpError(f"{describe_node()}: sequences of lengths {len(seq)} and {len(a)}")
+            raise OpError(f"sequences of lengths {len(seq)} and {len(a)}")
     n_out = len(body.output_names)
     outs = [[] for _ in range(n_out)]
     for i, x in enumerate(seq):
@@ -187,5 +186,5 @@ def optional_get_element(x):
     """OptionalGetElement-15/18/28."""
     x = _none_if_empty(x)
     if x is None:
-        raise OpError(f"{describe_node()}: the optional input has no value")
+        raise OpError("the optional input has no value")
     return (x,)

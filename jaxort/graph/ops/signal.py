@@ -19,7 +19,6 @@ import numpy as np
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import OpError
 from jaxort.graph import register, static, static_ints
-from jaxort.graph._values import describe_node
 
 
 def _wide():
@@ -38,7 +37,7 @@ def _to_complex(x):
         return x[..., 0]
     if c == 2:
         return jax.lax.complex(x[..., 0], x[..., 1])
-    raise OpError(f"{describe_node()}: the last dimension must be 1 (real) or 2 (complex), "
+    raise OpError(f"the last dimension must be 1 (real) or 2 (complex), "
                   f"given shape {list(jnp.shape(x))}")
 
 
@@ -50,10 +49,10 @@ def _dft(x, dft_length, axis, inverse, onesided):
     dtype = np.dtype(x.dtype)
     rank = jnp.ndim(x)
     if not -rank <= axis < rank:
-        raise OpError(f"{describe_node()}: axis {axis} is out of range for input rank {rank}")
+        raise OpError(f"axis {axis} is out of range for input rank {rank}")
     axis %= rank
     if axis == rank - 1:
-        raise OpError(f"{describe_node()}: axis cannot be the last (real/imaginary) dimension")
+        raise OpError("axis cannot be the last (real/imaginary) dimension")
     complex_inverse = inverse and not onesided
     xc = x.astype(_at_least_f32(dtype) if complex_inverse else _wide())
     signal = _to_complex(xc)
@@ -100,7 +99,7 @@ def stft(signal, frame_step, window=None, frame_length=None, *, onesided):
     win_size = int(jnp.shape(window)[0]) if window is not None else n_fft
     length = int(signal.shape[-2])
     if step <= 0 or n_fft <= 0 or n_fft > length:
-        raise OpError(f"{describe_node()}: frame_step {step} and frame_length {n_fft} do not "
+        raise OpError(f"frame_step {step} and frame_length {n_fft} do not "
                       f"fit a signal of length {length}")
     n_frames = 1 + (length - n_fft) // step
     x = signal.astype(_wide())
@@ -123,7 +122,7 @@ def stft(signal, frame_step, window=None, frame_length=None, *, onesided):
 def _window(size, periodic, output_datatype, fn):
     n = static_ints(size, "input 'size'")[0]
     if n < 0:
-        raise OpError(f"{describe_node()}: size must be >= 0, given {n}")
+        raise OpError(f"size must be >= 0, given {n}")
     denom = n if periodic else n - 1
     k = np.arange(n, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):

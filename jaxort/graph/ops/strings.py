@@ -13,13 +13,12 @@ import numpy as np
 
 from jaxort.errors import OpError
 from jaxort.graph import register, static
-from jaxort.graph._values import describe_node
 
 
 def _strings(x, what="input 'X'") -> np.ndarray:
     x = static(x, what)
     if x.dtype.kind not in ("O", "U", "S"):
-        raise OpError(f"{describe_node()}: {what} must be a string tensor, got {x.dtype}")
+        raise OpError(f"{what} must be a string tensor, got {x.dtype}")
     if x.dtype.kind == "S":
         return np.vectorize(lambda b: b.decode("utf-8"), otypes=[object])(x)
     return x.astype(object)
@@ -40,10 +39,10 @@ def string_normalizer(X, *, case_change_action, is_case_sensitive, locale=None,
     """StringNormalizer-10+ (locale is ignored: case mapping is Unicode's default)."""
     x = _strings(X)
     if x.ndim not in (1, 2) or (x.ndim == 2 and x.shape[0] != 1):
-        raise OpError(f"{describe_node()}: input must have shape [C] or [1, C], got "
+        raise OpError(f"input must have shape [C] or [1, C], got "
                       f"{list(x.shape)}")
     if case_change_action not in ("NONE", "LOWER", "UPPER"):
-        raise OpError(f"{describe_node()}: unknown case_change_action {case_change_action!r}")
+        raise OpError(f"unknown case_change_action {case_change_action!r}")
     stops = set(stopwords or ())
     if not is_case_sensitive:
         stops = {w.lower() for w in stops}
@@ -75,7 +74,7 @@ def string_concat(X, Y):
     try:
         bx, by = np.broadcast_arrays(x, y)
     except ValueError:
-        raise OpError(f"{describe_node()}: shapes {list(x.shape)} and {list(y.shape)} do "
+        raise OpError(f"shapes {list(x.shape)} and {list(y.shape)} do "
                       "not broadcast") from None
     out = np.empty(bx.shape, dtype=object)
     for i in np.ndindex(bx.shape):
@@ -106,7 +105,7 @@ def regex_full_match(X, *, pattern=None):
     try:
         rx = re.compile(pattern or "")
     except re.error as e:
-        raise OpError(f"{describe_node()}: invalid pattern {pattern!r}: {e}") from None
+        raise OpError(f"invalid pattern {pattern!r}: {e}") from None
     out = np.zeros(x.shape, dtype=bool)
     for i in np.ndindex(x.shape):
         out[i] = rx.fullmatch(x[i]) is not None
@@ -126,9 +125,9 @@ def tf_idf_vectorizer(X, *, mode, min_gram_length, max_gram_length, max_skip_cou
     else:
         pool = [int(v) for v in (pool_int64s or [])]
     if mode not in ("TF", "IDF", "TFIDF"):
-        raise OpError(f"{describe_node()}: unknown mode {mode!r}")
+        raise OpError(f"unknown mode {mode!r}")
     if x.ndim not in (1, 2):
-        raise OpError(f"{describe_node()}: input must be 1-D or 2-D, got {list(x.shape)}")
+        raise OpError(f"input must be 1-D or 2-D, got {list(x.shape)}")
     ngram_indexes = list(ngram_indexes)
     size = max(ngram_indexes) + 1 if ngram_indexes else 0
     starts = list(ngram_counts) + [len(pool)]

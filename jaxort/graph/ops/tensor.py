@@ -19,7 +19,6 @@ import numpy as np
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import OpError
 from jaxort.graph import register, static, static_ints
-from jaxort.graph._values import describe_node
 
 
 # --------------------------------------------------------------------------- helpers
@@ -36,14 +35,14 @@ def _axis(axis, rank: int, what: str = "axis") -> int:
     """Normalizes a possibly negative axis into [0, rank)."""
     a = int(axis)
     if not -rank <= a < rank:
-        raise OpError(f"{describe_node()}: {what} {a} is out of range for rank {rank}")
+        raise OpError(f"{what} {a} is out of range for rank {rank}")
     return a + rank if a < 0 else a
 
 
 def _axes(axes, rank: int, what: str = "axes") -> list[int]:
     out = [_axis(a, rank, what) for a in axes]
     if len(set(out)) != len(out):
-        raise OpError(f"{describe_node()}: {what} {list(axes)} has duplicates")
+        raise OpError(f"{what} {list(axes)} has duplicates")
     return out
 
 
@@ -65,7 +64,7 @@ def _check_in_range(indices, size, what="indices"):
         lo, hi = np.min(indices), np.max(indices)
         if np.any((indices < -np.asarray(size)) | (indices >= np.asarray(size))):
             raise OpError(
-                f"{describe_node()}: {what} out of range (min {lo}, max {hi}) for a "
+                f"{what} out of range (min {lo}, max {hi}) for a "
                 f"dimension of size {size}")
 
 
@@ -122,7 +121,7 @@ def constant(*, value=None, value_float=None, value_floats=None, value_int=None,
         return np.array(value_string, dtype=object)
     if value_strings is not None:
         return np.array(value_strings, dtype=object)
-    raise OpError(f"{describe_node()}: Constant has no value attribute")
+    raise OpError("Constant has no value attribute")
 
 
 @register("ConstantOfShape", since=9)
@@ -130,7 +129,7 @@ def constant_of_shape(input, *, value=None):
     """ConstantOfShape-9+; always static (float32 zeros without a value)."""
     dims = static_ints(input, "input 'input'")
     if any(d < 0 for d in dims):
-        raise OpError(f"{describe_node()}: negative dimension in shape {dims}")
+        raise OpError(f"negative dimension in shape {dims}")
     if value is None:
         return np.zeros(dims, np.float32)
     value = np.asarray(value)
@@ -141,18 +140,18 @@ def _range(start, limit, delta, compute_dtype=None):
     s, l, d = (static(v, f"input '{n}'").reshape(-1)
                for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
     if s.size != 1 or l.size != 1 or d.size != 1:
-        raise OpError(f"{describe_node()}: start, limit and delta must be scalars")
+        raise OpError("start, limit and delta must be scalars")
     dtype = np.dtype(start.dtype)
     if dtype.kind in "iu":
         s, l, d = int(s[0]), int(l[0]), int(d[0])
         if d == 0:
-            raise OpError(f"{describe_node()}: delta is 0")
+            raise OpError("delta is 0")
         n = max(-((s - l) // d), 0)  # ceil((l - s) / d)
         return (s + np.arange(n, dtype=np.int64) * d).astype(dtype)
     ct = np.dtype(compute_dtype or np.float64)
     s, l, d = (ct.type(v[0].astype(np.float64)) for v in (s, l, d))
     if d == 0:
-        raise OpError(f"{describe_node()}: delta is 0")
+        raise OpError("delta is 0")
     n = max(int(math.ceil(float(l - s) / float(d))), 0)
     return (s + np.arange(n, dtype=ct) * d).astype(ct).astype(dtype)
 
@@ -177,7 +176,7 @@ def eye_like(input, *, dtype=None, k):
     """EyeLike-9+; always static (depends only on the input's shape)."""
     shp = np.shape(input)
     if len(shp) != 2:
-        raise OpError(f"{describe_node()}: input must be 2-D, got shape {list(shp)}")
+        raise OpError(f"input must be 2-D, got shape {list(shp)}")
     out = to_numpy_dtype(dtype) if dtype is not None else np.dtype(input.dtype)
     return np.eye(shp[0], shp[1], k=int(k), dtype=np.float64).astype(out)
 
@@ -195,20 +194,20 @@ def _reshape(data, target, allowzero):
     target = list(target)
     if not allowzero:
         if len(target) > data.ndim and any(d == 0 for d in target[data.ndim:]):
-            raise OpError(f"{describe_node()}: shape {target} copies dimension "
+            raise OpError(f"shape {target} copies dimension "
                           f"{data.ndim}+ of a rank-{data.ndim} input")
         target = [data.shape[i] if d == 0 else d for i, d in enumerate(target)]
     if target.count(-1) > 1 or any(d < -1 for d in target):
-        raise OpError(f"{describe_node()}: invalid shape {target}")
+        raise OpError(f"invalid shape {target}")
     known = _prod(d for d in target if d != -1)
     total = _prod(data.shape)
     if -1 in target:
         if known == 0 or total % known:
-            raise OpError(f"{describe_node()}: cannot reshape input of shape "
+            raise OpError(f"cannot reshape input of shape "
                           f"{list(data.shape)} to {target}")
         target[target.index(-1)] = total // known
     elif known != total:
-        raise OpError(f"{describe_node()}: cannot reshape input of shape "
+        raise OpError(f"cannot reshape input of shape "
                       f"{list(data.shape)} ({total} elements) to {target}")
     return _xp(data).reshape(data, target)
 
@@ -237,7 +236,7 @@ def flatten(input, *, axis):
     rank = input.ndim
     a = axis + rank if axis < 0 else axis
     if not 0 <= a <= rank:
-        raise OpError(f"{describe_node()}: axis {axis} out of range for rank {rank}")
+        raise OpError(f"axis {axis} out of range for rank {rank}")
     return _xp(input).reshape(input, (_prod(input.shape[:a]), _prod(input.shape[a:])))
 
 
@@ -246,7 +245,7 @@ def transpose(data, *, perm=None):
     """Transpose-1+ (no perm reverses the axes)."""
     perm = list(range(data.ndim))[::-1] if perm is None else _axes(perm, data.ndim, "perm")
     if len(perm) != data.ndim:
-        raise OpError(f"{describe_node()}: perm {perm} does not match rank {data.ndim}")
+        raise OpError(f"perm {perm} does not match rank {data.ndim}")
     return _xp(data).transpose(data, perm)
 
 
@@ -257,7 +256,7 @@ def _squeeze(data, axes):
         axes = _axes(axes, data.ndim)
         bad = [a for a in axes if data.shape[a] != 1]
         if bad:
-            raise OpError(f"{describe_node()}: cannot squeeze axes {bad} of shape "
+            raise OpError(f"cannot squeeze axes {bad} of shape "
                           f"{list(data.shape)}: size is not 1")
     return _xp(data).reshape(data, [d for i, d in enumerate(data.shape) if i not in axes])
 
@@ -296,7 +295,7 @@ def unsqueeze(data, axes):
 def _concat(inputs, axis):
     inputs = [x for x in inputs if x is not None]
     if not inputs:
-        raise OpError(f"{describe_node()}: Concat needs at least one input")
+        raise OpError("Concat needs at least one input")
     a = _axis(axis, inputs[0].ndim)
     return _xp(*inputs).concatenate(inputs, axis=a)
 
@@ -318,12 +317,12 @@ def _split(x, axis, sizes, n):
     dim = x.shape[a]
     if sizes is None:
         if n < 1:
-            raise OpError(f"{describe_node()}: number of outputs must be >= 1")
+            raise OpError("number of outputs must be >= 1")
         chunk = -(-dim // n)
         sizes = [max(0, min(chunk, dim - i * chunk)) for i in range(n)]
     sizes = [int(s) for s in sizes]
     if sum(sizes) != dim or any(s < 0 for s in sizes):
-        raise OpError(f"{describe_node()}: split sizes {sizes} do not add up to the "
+        raise OpError(f"split sizes {sizes} do not add up to the "
                       f"dimension {dim} of axis {a}")
     out, start = [], 0
     for s in sizes:
@@ -361,7 +360,7 @@ def split(input, split=None, *, axis, num_outputs=None, ctx):
     """Split-18+ (num_outputs: uneven splits make the last part smaller)."""
     sizes = None if _empty(split) else static_ints(split, "input 'split'")
     if sizes is not None and num_outputs is not None:
-        raise OpError(f"{describe_node()}: both the split input and num_outputs are given")
+        raise OpError("both the split input and num_outputs are given")
     n = num_outputs if num_outputs is not None else len(ctx.output_names)
     return _split(input, axis, sizes, n)
 
@@ -373,14 +372,14 @@ def _slice(data, starts, ends, axes, steps):
     if steps is None:
         steps = [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise OpError(f"{describe_node()}: starts, ends, axes and steps differ in length")
+        raise OpError("starts, ends, axes and steps differ in length")
     _axes(axes, rank)  # validates range and duplicates
     idx = [slice(None)] * rank
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = _axis(a, rank)
         dim = data.shape[a]
         if st == 0:
-            raise OpError(f"{describe_node()}: step is 0 on axis {a}")
+            raise OpError(f"step is 0 on axis {a}")
         s = s + dim if s < 0 else s
         e = e + dim if e < 0 else e
         if st > 0:
@@ -416,7 +415,7 @@ def expand(input, shape):
     try:
         out = np.broadcast_shapes(np.shape(input), target)
     except ValueError:
-        raise OpError(f"{describe_node()}: cannot broadcast input of shape "
+        raise OpError(f"cannot broadcast input of shape "
                       f"{list(np.shape(input))} to {list(target)}") from None
     if isinstance(input, np.ndarray):
         return np.array(np.broadcast_to(input, out))
@@ -437,7 +436,7 @@ def tile(input, repeats):
     """Tile-6+."""
     reps = static_ints(repeats, "input 'repeats'")
     if len(reps) != input.ndim or any(r < 0 for r in reps):
-        raise OpError(f"{describe_node()}: repeats {reps} does not fit rank {input.ndim}")
+        raise OpError(f"repeats {reps} does not fit rank {input.ndim}")
     return _xp(input).tile(input, reps)
 
 
@@ -447,7 +446,7 @@ def _pad(data, pads, mode, value, axes=None):
     n = len(axes)
     pads = [int(p) for p in pads]
     if len(pads) != 2 * n:
-        raise OpError(f"{describe_node()}: pads has {len(pads)} values, expected {2 * n}")
+        raise OpError(f"pads has {len(pads)} values, expected {2 * n}")
     width = [(0, 0)] * rank
     for i, a in enumerate(axes):
         width[a] = (pads[i], pads[n + i])
@@ -466,10 +465,10 @@ def _pad(data, pads, mode, value, axes=None):
         return jnp.pad(data, width, mode="constant",
                        constant_values=jnp.asarray(value, data.dtype))
     if mode not in ("reflect", "edge", "wrap"):
-        raise OpError(f"{describe_node()}: unknown pad mode {mode!r}")
+        raise OpError(f"unknown pad mode {mode!r}")
     for a, (b, e) in enumerate(width):
         if (b or e) and data.shape[a] == 0:
-            raise OpError(f"{describe_node()}: cannot {mode}-pad an empty axis {a}")
+            raise OpError(f"cannot {mode}-pad an empty axis {a}")
     return _xp(data).pad(data, width, mode=mode)
 
 
@@ -496,17 +495,17 @@ def pad(data, pads, constant_value=None, axes=None, *, mode):
 
 def _depth_to_space(x, b, mode):
     if x.ndim != 4:
-        raise OpError(f"{describe_node()}: input must be 4-D, got shape {list(x.shape)}")
+        raise OpError(f"input must be 4-D, got shape {list(x.shape)}")
     n, c, h, w = x.shape
     if c % (b * b):
-        raise OpError(f"{describe_node()}: channels {c} not divisible by blocksize^2 {b * b}")
+        raise OpError(f"channels {c} not divisible by blocksize^2 {b * b}")
     xp = _xp(x)
     if mode == "DCR":
         y = xp.transpose(xp.reshape(x, (n, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
     elif mode == "CRD":
         y = xp.transpose(xp.reshape(x, (n, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
     else:
-        raise OpError(f"{describe_node()}: unknown mode {mode!r}")
+        raise OpError(f"unknown mode {mode!r}")
     return xp.reshape(y, (n, c // (b * b), h * b, w * b))
 
 
@@ -524,10 +523,10 @@ def depth_to_space(input, *, blocksize, mode):
 
 def _space_to_depth(x, b, mode):
     if x.ndim != 4:
-        raise OpError(f"{describe_node()}: input must be 4-D, got shape {list(x.shape)}")
+        raise OpError(f"input must be 4-D, got shape {list(x.shape)}")
     n, c, h, w = x.shape
     if h % b or w % b:
-        raise OpError(f"{describe_node()}: spatial dims {h}x{w} not divisible by {b}")
+        raise OpError(f"spatial dims {h}x{w} not divisible by {b}")
     xp = _xp(x)
     y = xp.reshape(x, (n, c, h // b, b, w // b, b))
     if mode == "DCR":
@@ -535,7 +534,7 @@ def _space_to_depth(x, b, mode):
     elif mode == "CRD":
         y = xp.transpose(y, (0, 1, 3, 5, 2, 4))
     else:
-        raise OpError(f"{describe_node()}: unknown mode {mode!r}")
+        raise OpError(f"unknown mode {mode!r}")
     return xp.reshape(y, (n, c * b * b, h // b, w // b))
 
 
@@ -558,7 +557,7 @@ def center_crop_pad(input_data, shape, *, axes=None):
     target = static_ints(shape, "input 'shape'")
     axes = list(range(x.ndim)) if axes is None else _axes(axes, x.ndim)
     if len(axes) != len(target):
-        raise OpError(f"{describe_node()}: shape {target} does not match axes {axes}")
+        raise OpError(f"shape {target} does not match axes {axes}")
     crop = [slice(None)] * x.ndim
     width = [(0, 0)] * x.ndim
     for a, t in zip(axes, target):
@@ -578,7 +577,7 @@ def trilu(input, k=None, *, upper):
     """Trilu-14+."""
     kk = 0 if k is None else static_ints(k, "input 'k'")[0]
     if input.ndim < 2:
-        raise OpError(f"{describe_node()}: input must have rank >= 2")
+        raise OpError("input must have rank >= 2")
     n, m = input.shape[-2:]
     ones = np.ones((n, m), bool)
     mask = np.triu(ones, kk) if upper else np.tril(ones, kk)
@@ -625,7 +624,7 @@ def gather_elements(data, indices, *, axis):
     """GatherElements-11+ (negative indices wrap)."""
     a = _axis(axis, data.ndim)
     if indices.ndim != data.ndim:
-        raise OpError(f"{describe_node()}: indices rank {indices.ndim} != data rank {data.ndim}")
+        raise OpError(f"indices rank {indices.ndim} != data rank {data.ndim}")
     _check_in_range(indices, data.shape[a])
     idx = _wrap_indices(indices, data.shape[a])
     crop = tuple(slice(None) if i == a else slice(0, indices.shape[i]) for i in range(data.ndim))
@@ -639,7 +638,7 @@ def _nd_index(data_shape, indices, batch_dims):
     """For GatherND/ScatterND: the advanced-index tuple into data reshaped to (B, ...)."""
     k = indices.shape[-1]
     if batch_dims + k > len(data_shape):
-        raise OpError(f"{describe_node()}: indices' last dimension {k} plus batch_dims "
+        raise OpError(f"indices' last dimension {k} plus batch_dims "
                       f"{batch_dims} exceeds data rank {len(data_shape)}")
     dims = np.array(data_shape[batch_dims:batch_dims + k], dtype=np.int64)
     _check_in_range(indices, dims)
@@ -653,7 +652,7 @@ def _nd_index(data_shape, indices, batch_dims):
 
 def _gather_nd(data, indices, b):
     if data.shape[:b] != indices.shape[:b]:
-        raise OpError(f"{describe_node()}: batch dims of data {list(data.shape)} and "
+        raise OpError(f"batch dims of data {list(data.shape)} and "
                       f"indices {list(indices.shape)} differ")
     index, nb = _nd_index(data.shape, indices, b)
     xp = _xp(data, indices)
@@ -689,13 +688,13 @@ def _scatter(data, index, updates, reduction):
         return ref.max(updates)
     if reduction == "min":
         return ref.min(updates)
-    raise OpError(f"{describe_node()}: unknown reduction {reduction!r}")
+    raise OpError(f"unknown reduction {reduction!r}")
 
 
 def _scatter_elements(data, indices, updates, axis, reduction):
     a = _axis(axis, data.ndim)
     if indices.shape != updates.shape or indices.ndim != data.ndim:
-        raise OpError(f"{describe_node()}: indices {list(indices.shape)} and updates "
+        raise OpError(f"indices {list(indices.shape)} and updates "
                       f"{list(updates.shape)} must have one shape, of data's rank {data.ndim}")
     _check_in_range(indices, data.shape[a])
     idx = _wrap_indices(indices, data.shape[a])
@@ -728,7 +727,7 @@ def _scatter_nd(data, indices, updates, reduction):
     k = indices.shape[-1]
     want = tuple(indices.shape[:-1]) + tuple(data.shape[k:])
     if tuple(updates.shape) != want:
-        raise OpError(f"{describe_node()}: updates shape {list(updates.shape)} != "
+        raise OpError(f"updates shape {list(updates.shape)} != "
                       f"expected {list(want)}")
     index, _ = _nd_index(data.shape, indices, 0)
     d = jnp.reshape(jnp.asarray(data), (1,) + tuple(data.shape))
@@ -753,10 +752,10 @@ def one_hot(indices, depth, values, *, axis):
     """OneHot-9+ (negative indices wrap; out-of-range ones give all off_value)."""
     d = static(depth, "input 'depth'").reshape(-1)
     if d.size != 1:
-        raise OpError(f"{describe_node()}: depth must be a scalar")
+        raise OpError("depth must be a scalar")
     d = int(d[0])
     if d < 1:
-        raise OpError(f"{describe_node()}: depth {d} must be positive")
+        raise OpError(f"depth {d} must be positive")
     xp = _xp(indices, values)
     idx = indices
     if np.dtype(idx.dtype).kind == "f" or np.dtype(idx.dtype) == jnp.bfloat16:
@@ -765,7 +764,7 @@ def one_hot(indices, depth, values, *, axis):
     rank = idx.ndim
     a = axis + rank + 1 if axis < 0 else axis
     if not 0 <= a <= rank:
-        raise OpError(f"{describe_node()}: axis {axis} out of range for rank {rank + 1}")
+        raise OpError(f"axis {axis} out of range for rank {rank + 1}")
     targets = np.arange(d, dtype=np.dtype(idx.dtype)).reshape(
         (1,) * a + (d,) + (1,) * (rank - a))
     hot = xp.expand_dims(idx, a) == targets
@@ -777,7 +776,7 @@ def _top_k(x, k, axis, largest, sorted_):
     a = _axis(axis, x.ndim)
     k = int(k)
     if not 0 <= k <= x.shape[a]:
-        raise OpError(f"{describe_node()}: k={k} is out of range for axis {a} of size "
+        raise OpError(f"k={k} is out of range for axis {a} of size "
                       f"{x.shape[a]}")
     xm = jnp.moveaxis(jnp.asarray(x), a, -1)
     if largest:
@@ -845,14 +844,14 @@ def tensor_scatter(past_cache, update, write_indices=None, *, mode, axis):
     nd = past_cache.ndim
     a = _axis(axis, nd)
     if a == 0:
-        raise OpError(f"{describe_node()}: axis must not be the batch axis 0")
+        raise OpError("axis must not be the batch axis 0")
     other_dims_differ = any(u != c for i, (u, c) in enumerate(
         zip(update.shape, past_cache.shape)) if i != a)
     if update.ndim != nd or other_dims_differ or update.shape[a] > past_cache.shape[a]:
-        raise OpError(f"{describe_node()}: update shape {list(update.shape)} does not fit "
+        raise OpError(f"update shape {list(update.shape)} does not fit "
                       f"cache shape {list(past_cache.shape)} on axis {a}")
     if mode not in ("linear", "circular"):
-        raise OpError(f"{describe_node()}: unknown mode {mode!r}")
+        raise OpError(f"unknown mode {mode!r}")
     b, seq, max_len = past_cache.shape[0], update.shape[a], past_cache.shape[a]
     if write_indices is None:
         write_indices = np.zeros((b,), np.int64)
@@ -897,7 +896,7 @@ def compress(input, condition, *, axis=None):
     else:
         a = _axis(axis, x.ndim)
     if cond.size > x.shape[a]:
-        raise OpError(f"{describe_node()}: condition has {cond.size} entries, axis has "
+        raise OpError(f"condition has {cond.size} entries, axis has "
                       f"{x.shape[a]}")
     keep = np.nonzero(cond)[0]
     return xp.take(x, keep, axis=a)
