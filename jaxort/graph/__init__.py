@@ -6,6 +6,7 @@ and :func:`backward_slice` / :func:`outer_reads` for graph surgery on protos.
 This layer knows nothing of training or sessions.
 """
 
+from jaxort.graph._device import resolve_device
 from jaxort.graph._model import load_model
 from jaxort.graph._registry import OpHandler, lookup, register, registered
 from jaxort.graph._trace import (
@@ -31,6 +32,7 @@ __all__ = [
     "outer_reads",
     "register",
     "registered",
+    "resolve_device",
     "static",
     "static_ints",
     "x64_enabled_scope",
