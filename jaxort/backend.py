@@ -2,8 +2,14 @@
 
 Module-level ``prepare``, ``run_model``, ``run_node`` and ``supports_device``
 follow ``onnxruntime.backend``. A prepared model is jit-compiled once per input
-shapes and dtypes. Backend runs compute with 64-bit types enabled, so float64
-and int64 models keep their declared precision.
+shapes and dtypes; a graph that needs its integer inputs at trace time is
+compiled once per their values, and one whose output shapes depend on float
+data is evaluated without compiling (the choice is made on the first run, see
+:class:`JaxBackendRep`). Backend runs compute with 64-bit types enabled, so
+float64 and int64 models keep their declared precision.
+
+This module belongs to the graph layer: it imports jaxort.graph and the format
+layer, nothing of training or the facades.
 
 Example:
   >>> import jaxort.backend as backend                   # doctest: +SKIP
@@ -21,64 +27,40 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from jaxort.errors import InputError, StaticValueError
-from jaxort.graph import JaxGraph, x64_enabled_scope
+from jaxort.graph import JaxGraph, resolve_device, x64_enabled_scope
 
 __all__ = [
     "JaxBackend",
     "JaxBackendRep",
     "prepare",
-    "resolve_device",
+    "resolve_device",  # re-exported from jaxort.graph for existing callers
     "run_model",
     "run_node",
     "supports_device",
 ]
 
-# Device names, case-insensitive: ONNX backends say "CPU"/"CUDA", ORT's
-# training API "cpu"/"cuda".
-_DEVICE_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu"}
-
-
-def resolve_device(device: str) -> jax.Device:
-    """Maps ``"cpu" | "cuda" | "gpu" | "tpu"`` (any case, optionally ``":<index>"``) to a JAX device.
-
-    Raises:
-      InputError: an unknown device name, or one JAX does not have here.
-    """
-    if not isinstance(device, str):
-        raise InputError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
-    kind, _, index = device.partition(":")
-    platform = _DEVICE_PLATFORMS.get(kind.strip().lower())
-    if platform is None:
-        raise InputError(f"unknown device {device!r}; jaxort supports 'cpu', 'cuda', 'gpu' and "
-                         "'tpu', optionally followed by ':<index>'")
-    try:
-        devices = jax.devices(platform)
-    except RuntimeError:
-        available = sorted({d.platform for d in jax.devices()})
-        raise InputError(f"device {device!r} is not available: JAX has no {platform!r} backend "
-                         f"in this process (available: {available})") from None
-    try:
-        position = int(index) if index else 0
-    except ValueError:
-        raise InputError(f"device {device!r}: the index after ':' must be an integer") from None
-    if not 0 <= position < len(devices):
-        raise InputError(f"device {device!r} is not available: JAX sees {len(devices)} "
-                         f"{platform} device(s)")
-    return devices[position]
+# How a prepared model runs tensor inputs. Decided once, on the first run:
+# deciding takes a trace, and the baked mode needs the integer inputs' values.
+_JIT = "jit"  # every input traced: one compilation per input shapes and dtypes
+_BAKED = "baked"  # integer and bool inputs baked in: one compilation per their values
+_EAGER = "eager"  # evaluated at trace time, without a compiled form
 
 
 class JaxBackendRep(BackendRep):
-    """A model prepared for repeated runs; compiled once per input signature."""
+    """A model prepared for repeated runs; compiled once per input signature.
+
+    Attributes:
+      graph: the traced model.
+      device: the JAX device it runs on.
+      mode: how tensor inputs are run, decided on the first run: ``"jit"``,
+        ``"baked"`` or ``"eager"`` (None before the first run).
+    """
 
     def __init__(self, graph: JaxGraph, device: str = "CPU"):
         self.graph = graph
         self.device = resolve_device(device)
+        self.mode = None
         self._jitted = jax.jit(graph.apply)
-        # Inputs the graph needs at trace time (shapes, axes given as graph
-        # inputs, as ONNX's node tests do) are found on the first call and then
-        # baked into the compiled function, one compilation per distinct value.
-        self._static_ints = False
-        self._eager = False
         self._baked = {}
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple:
@@ -109,42 +91,69 @@ class JaxBackendRep(BackendRep):
                 outs = self.graph.apply(self.graph.params, *inputs)
             else:
                 with jax.default_device(self.device):
-                    outs = self._run_jit(inputs)
+                    if self.mode is None:
+                        self.mode = self._choose_mode(inputs)
+                    outs = self._run_tensors(inputs)
             return tuple(_to_numpy(o) for o in outs)
 
-    def _run_jit(self, inputs):
-        if self._eager:
-            return self.graph.apply(self.graph.params, *inputs)
-        if not self._static_ints:
-            try:
-                return self._jitted(self.graph.params, *inputs)
-            except StaticValueError:
-                self._static_ints = True
-        try:
-            return self._run_baked(inputs)
-        except StaticValueError:
-            # Output shapes depend on float data (NonZero of a float tensor,
-            # Unique): no compiled form exists, so evaluate at trace time.
-            self._eager = True
-            return self.graph.apply(self.graph.params, *inputs)
+    def _choose_mode(self, inputs: list) -> str:
+        """Picks the cheapest mode that can compile this graph.
 
-    def _run_baked(self, inputs):
-        static_pos = [i for i, x in enumerate(inputs)
-                      if np.asarray(x).dtype.kind in "biu"]
+        Some graphs need a graph input at trace time: ONNX's node cases feed a
+        Reshape target, Slice bounds or a TopK k as inputs, and only a
+        constant can fix an output shape. Others have output shapes set by
+        float data (NonZero of a float tensor, Unique), which no compiled form
+        has. Which one a graph is shows when it is traced, so the first run
+        traces it abstractly (``jit(...).trace``, whose trace the compiled call
+        then reuses) in each mode in turn and keeps the first that traces.
+        """
+        if _traces(self._jitted, self.graph.params, *inputs):
+            return _JIT
+        fn, dynamic = self._baked_fn(inputs)
+        if _traces(fn, self.graph.params, *dynamic):
+            return _BAKED
+        return _EAGER
+
+    def _run_tensors(self, inputs: list) -> tuple:
+        if self.mode == _JIT:
+            return self._jitted(self.graph.params, *inputs)
+        if self.mode == _BAKED:
+            fn, dynamic = self._baked_fn(inputs)
+            return fn(self.graph.params, *dynamic)
+        return self.graph.apply(self.graph.params, *inputs)
+
+    def _baked_fn(self, inputs: list):
+        """Returns a jitted function with the integer and bool inputs baked in, and
+        the inputs it still takes; one function (and compilation) per their values."""
+        static_pos = [i for i, x in enumerate(inputs) if np.asarray(x).dtype.kind in "biu"]
         key = tuple((i, np.asarray(inputs[i]).dtype.str, np.asarray(inputs[i]).shape,
                      np.asarray(inputs[i]).tobytes()) for i in static_pos)
         fn = self._baked.get(key)
         if fn is None:
             baked = {i: np.asarray(inputs[i]) for i in static_pos}
             apply = self.graph.apply
+            count = len(inputs)
 
             def fn(params, *dynamic):
                 it = iter(dynamic)
-                args = [baked[i] if i in baked else next(it) for i in range(len(inputs))]
+                args = [baked[i] if i in baked else next(it) for i in range(count)]
                 return apply(params, *args)
 
             fn = self._baked[key] = jax.jit(fn)
-        return fn(self.graph.params, *[x for i, x in enumerate(inputs) if i not in static_pos])
+        return fn, [x for i, x in enumerate(inputs) if i not in static_pos]
+
+
+def _traces(jitted, *args) -> bool:
+    """True when ``jitted`` traces on ``args`` with every argument abstract.
+
+    A StaticValueError is the tracer's answer "this value must be a constant";
+    any other error is a real one and propagates.
+    """
+    try:
+        jitted.trace(*args)
+    except StaticValueError:
+        return False
+    return True
 
 
 def _to_numpy(x):

@@ -1,0 +1,77 @@
+"""jaxort.backend: the ONNX backend interface, and how a prepared model runs.
+
+Values are checked against numpy; the mode a model runs in is checked because
+it decides how often a model compiles.
+"""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from jaxort import backend, errors
+
+
+def _model(node, inputs, outputs, opset=17):
+    graph = helper.make_graph([node], "g", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _info(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def test_traced_inputs_compile_once_per_shape():
+    model = _model(helper.make_node("Gather", ["x", "i"], ["y"], axis=0),
+                   [_info("x", TensorProto.FLOAT, [4, 3]), _info("i", TensorProto.INT64, [2])],
+                   [_info("y", TensorProto.FLOAT, [2, 3])])
+    rep = backend.prepare(model)
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for idx in ([3, 0], [1, 1], [2, 3]):
+        i = np.array(idx, np.int64)
+        (y,) = rep.run([x, i])
+        np.testing.assert_array_equal(y, x[i])
+    # Gather's indices are data: they stay traced, so new values reuse the compilation.
+    assert rep.mode == "jit"
+    assert rep._jitted._cache_size() == 1
+
+
+def test_static_integer_inputs_are_baked():
+    model = _model(helper.make_node("Reshape", ["x", "shape"], ["y"]),
+                   [_info("x", TensorProto.FLOAT, [2, 6]), _info("shape", TensorProto.INT64, [2])],
+                   [_info("y", TensorProto.FLOAT, ["a", "b"])])
+    rep = backend.prepare(model)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for shape in ([3, 4], [6, -1], [3, 4]):
+        (y,) = rep.run([x, np.array(shape, np.int64)])
+        np.testing.assert_array_equal(y, x.reshape(shape))
+    # A Reshape target must be a constant: one compilation per distinct target.
+    assert rep.mode == "baked"
+    assert len(rep._baked) == 2
+
+
+def test_data_dependent_shapes_run_uncompiled():
+    model = _model(helper.make_node("NonZero", ["x"], ["y"]),
+                   [_info("x", TensorProto.FLOAT, [2, 3])], [_info("y", TensorProto.INT64, [2, "n"])])
+    rep = backend.prepare(model)
+    for x in (np.array([[0, 1, 0], [2, 0, 3]], np.float32), np.eye(2, 3, dtype=np.float32)):
+        (y,) = rep.run([x])
+        np.testing.assert_array_equal(y, np.array(np.nonzero(x), np.int64))
+    assert rep.mode == "eager"
+
+
+def test_run_node_and_float64():
+    node = helper.make_node("Add", ["a", "b"], ["c"])
+    a = np.linspace(0, 1, 6).reshape(2, 3)
+    b = np.full((2, 3), 1e-12)
+    (c,) = backend.run_node(node, [a, b])
+    assert c.dtype == np.float64
+    np.testing.assert_array_equal(c, a + b)
+
+
+def test_supports_device():
+    assert backend.supports_device("CPU")
+    assert not backend.supports_device("npu")
+    model = _model(helper.make_node("Neg", ["a"], ["b"]), [_info("a", TensorProto.FLOAT, [1])],
+                   [_info("b", TensorProto.FLOAT, [1])])
+    with pytest.raises(errors.InputError, match="unknown device 'npu'"):
+        backend.prepare(model, "npu")
