@@ -2,13 +2,16 @@
 
 Usage::
 
-    python -m jaxort.testing.conformance [--ops Add,Conv] [--timeout 60] [--jobs 2]
+    python -m jaxort.testing.conformance [--ops Add,Conv|core] [--timeout 60] [--jobs 2]
 
 Each case runs in a worker process under a time limit (a case over the limit
-counts as failed and its worker is replaced). Prints passed/total and the
-failures grouped by op. The comparison follows ONNX's own backend test runner:
-equal dtypes, exact equality for strings, ``assert_allclose`` with the case's
-rtol/atol otherwise.
+counts as failed and its worker is replaced); ``--jobs 0`` runs them in this
+process instead, as the test suite does for the core ops. Prints the failures
+grouped by op and passed/total. The comparison follows ONNX's own backend test
+runner: equal dtypes, exact equality for strings, ``assert_allclose`` with the
+case's rtol/atol otherwise.
+
+This module may import the graph layer (``jaxort.backend``), never the facades.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import multiprocessing as mp
 import os
 import sys
 import time
-import traceback
 import warnings
 
 import numpy as np
@@ -39,7 +41,8 @@ ReduceL2 ReduceLogSumExp ReduceSumSquare ArgMax ArgMin Trilu CumSum SoftmaxCross
 NegativeLogLikelihoodLoss OneHot TopK DepthToSpace SpaceToDepth Resize If Loop Scan
 """.split())
 
-__all__ = ["CORE_OPS", "collect_cases", "run_case", "compare_outputs", "case_op_type", "main"]
+__all__ = ["CORE_OPS", "case_op_type", "collect_cases", "compare_outputs", "main", "run_all",
+           "run_case", "run_in_process"]
 
 
 def collect_cases(op_types=None) -> list:
@@ -160,20 +163,36 @@ def _to_value(x):
     return x
 
 
+def _outcome(case) -> tuple:
+    """Runs one case; returns (passed, message), the message the first lines of the error."""
+    try:
+        run_case(case)
+    except BaseException as e:  # report every failure, keep the run going
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        msg = f"{type(e).__name__}: {e}".strip().splitlines()
+        return False, " ".join(msg[:3])[:300]
+    return True, ""
+
+
+def run_in_process(cases) -> dict:
+    """Runs cases one after the other in this process; returns name -> (passed, message).
+
+    The cheap way for cases known to finish (the core ops in the test suite):
+    one JAX start-up for all of them, no case copied between processes. A case
+    that hangs hangs the caller; :func:`run_all` isolates cases instead.
+    """
+    return {case.name: _outcome(case) for case in cases}
+
+
 def _worker(conn):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    cases = {c.name: c for c in collect_cases()}
     conn.send("ready")
     while True:
-        name = conn.recv()
-        if name is None:
+        case = conn.recv()
+        if case is None:
             return
-        try:
-            run_case(cases[name])
-            conn.send((name, True, ""))
-        except BaseException as e:  # report every failure, keep the worker alive
-            msg = f"{type(e).__name__}: {e}".strip().splitlines()
-            conn.send((name, False, " ".join(msg[:3])[:300]))
+        conn.send((case.name, *_outcome(case)))
 
 
 class _Worker:
@@ -193,9 +212,14 @@ class _Worker:
 
 
 def run_all(cases, timeout: float, jobs: int, progress=True) -> dict:
-    """Runs cases in ``jobs`` worker processes; returns name -> (passed, message)."""
+    """Runs cases in ``jobs`` worker processes; returns name -> (passed, message).
+
+    Each case is sent to a worker (cases pickle, so a worker never collects
+    them itself) and must finish within ``timeout`` seconds; a worker that
+    overruns or crashes is replaced and its case counts as failed.
+    """
     ctx = mp.get_context("spawn")
-    pending = collections.deque(c.name for c in cases)
+    pending = collections.deque(cases)
     results = {}
     workers = [_Worker(ctx) for _ in range(max(1, jobs))]
     total = len(pending)
@@ -203,9 +227,10 @@ def run_all(cases, timeout: float, jobs: int, progress=True) -> dict:
         while pending or any(w.case for w in workers):
             for i, w in enumerate(workers):
                 if w.case is None and pending:
-                    w.case = pending.popleft()
+                    case = pending.popleft()
+                    w.case = case.name
                     w.started = time.monotonic()
-                    w.conn.send(w.case)
+                    w.conn.send(case)
                 elif w.case is not None:
                     if w.conn.poll(0.01):
                         name, ok, msg = w.conn.recv()
@@ -232,11 +257,13 @@ def run_all(cases, timeout: float, jobs: int, progress=True) -> dict:
 
 
 def main(argv=None) -> int:
+    """Runs the cases the command line names; prints passed/total and failures by op."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", help="comma-separated op types (default: every case); "
                         "'core' for the CORE_OPS")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="worker processes; 0 runs in this process, without time limits")
     parser.add_argument("--report", help="write a per-case result file here")
     args = parser.parse_args(argv)
     ops = args.ops.split(",") if args.ops else None
@@ -245,15 +272,19 @@ def main(argv=None) -> int:
     cases = collect_cases(ops)
     by_name = {c.name: case_op_type(c) for c in cases}
     t0 = time.monotonic()
-    results = run_all(cases, args.timeout, args.jobs)
+    if args.jobs == 0:
+        results = run_in_process(cases)
+    else:
+        results = run_all(cases, args.timeout, args.jobs)
     failed = collections.defaultdict(list)
     for name, (ok, msg) in sorted(results.items()):
         if not ok:
             failed[by_name[name]].append((name, msg))
+    per_op = collections.Counter(by_name.values())
     passed = sum(ok for ok, _ in results.values())
     print(f"\nfailures by op ({sum(map(len, failed.values()))} cases in {len(failed)} ops):")
     for op in sorted(failed):
-        print(f"  {op}: {len(failed[op])}")
+        print(f"  {op}: {len(failed[op])}/{per_op[op]} failed")
         for name, msg in failed[op]:
             print(f"    {name}: {msg}")
     if args.report:

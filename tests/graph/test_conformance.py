@@ -1,11 +1,12 @@
 """ONNX backend node cases of the core ops (``CORE_OPS``) through ``jaxort.backend``.
 
-The cases run once per test session in worker processes (``jaxort.testing.conformance``),
-each under a time limit; one test per op then asserts that all of that op's cases
-passed. ``make conformance`` runs every case that ships with onnx.
+One test per op runs all of that op's cases in this process (one JAX start-up
+for the whole file, cases collected once) and asserts that they all passed.
+``make conformance`` runs every case that ships with onnx, each in a worker
+process under a time limit.
 """
 
-import os
+import collections
 
 import onnx
 import pytest
@@ -41,22 +42,22 @@ if tuple(int(v) for v in onnx.__version__.split(".")[:2]) < (1, 17):
         "test_cast_FLOAT16_to_INT4": _INT4_RANGE,
     })
 
-_CASES = conformance.collect_cases(conformance.CORE_OPS)
-
 
 @pytest.fixture(scope="module")
-def results():
-    jobs = int(os.environ.get("JAXORT_TEST_JOBS", os.cpu_count() or 1))
-    return conformance.run_all(_CASES, timeout=120.0, jobs=jobs, progress=False)
+def cases_by_op():
+    by_op = collections.defaultdict(list)
+    for case in conformance.collect_cases(conformance.CORE_OPS):
+        by_op[conformance.case_op_type(case)].append(case)
+    return by_op
 
 
+# A hang is a bug: it fails the op's test instead of stalling the suite.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("op_type", conformance.CORE_OPS)
-def test_all_cases_pass(results, op_type):
-    cases = [c.name for c in _CASES if conformance.case_op_type(c) == op_type]
+def test_all_cases_pass(cases_by_op, op_type):
+    cases = cases_by_op[op_type]
     assert cases, f"onnx ships no node case for {op_type}"
-    failed = {
-        name: results[name][1]
-        for name in cases
-        if not results[name][0] and name not in EXPECTED_FAILURES
-    }
+    results = conformance.run_in_process(cases)
+    failed = {name: msg for name, (ok, msg) in results.items()
+              if not ok and name not in EXPECTED_FAILURES}
     assert not failed, f"{len(failed)}/{len(cases)} {op_type} cases failed: {failed}"
