@@ -1,4 +1,4 @@
-"""Helpers shared by several op modules: dtype rules and dtype limits.
+"""Helpers shared by several op modules: dtype rules, axes and indices, conv geometry.
 
 A helper lives here once a second op module needs it, so each rule has one
 name and one definition. The leading underscore keeps this module out of op
@@ -8,9 +8,14 @@ registers no op and imports nothing from the op modules.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+
+from jaxort.errors import OpError
 
 
 def is_inexact(dtype) -> bool:
@@ -66,3 +71,202 @@ def highest_value(dtype) -> np.ndarray:
     if is_integer(dtype):
         return np.array(np.iinfo(dtype).max, dtype)
     return np.array(np.inf, dtype)
+
+
+# ---------------------------------------- elementwise (arithmetic, activation, logic, cast)
+
+
+def dtype_of(x) -> np.dtype:
+    return np.dtype(x.dtype)
+
+
+def is_string(x) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
+
+
+def legacy_broadcast(a, b, broadcast, axis):
+    """Opset < 7 broadcasting: ``b`` aligns with ``a`` starting at ``axis``."""
+    if not broadcast or b.ndim == a.ndim:
+        return b
+    if axis is None:
+        axis = a.ndim - b.ndim
+    if axis < 0:
+        axis += a.ndim
+    shape = (1,) * axis + tuple(b.shape) + (1,) * (a.ndim - axis - b.ndim)
+    return jnp.reshape(b, shape) if not isinstance(b, np.ndarray) else b.reshape(shape)
+
+
+def via_float(fn, x):
+    """Applies a float function to an integer tensor (schema allows ints), casting back."""
+    dt = dtype_of(x)
+    if is_inexact(dt):
+        return fn(x)
+    work = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    return fn(jnp.asarray(x).astype(work)).astype(dt)
+
+
+# ---------------------------------------- axes and indices (shape, layout, indexing, scatter)
+
+
+def array_module(*xs):
+    """numpy when every given value is static (numpy or None), else jax.numpy."""
+    if all(x is None or isinstance(x, (np.ndarray, np.generic)) for x in xs):
+        return np
+    return jnp
+
+
+def normalize_axis(axis, rank: int, what: str = "axis") -> int:
+    """Normalizes a possibly negative axis into [0, rank)."""
+    a = int(axis)
+    if not -rank <= a < rank:
+        raise OpError(f"{what} {a} is out of range for rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def normalize_axes(axes, rank: int, what: str = "axes") -> list[int]:
+    out = [normalize_axis(a, rank, what) for a in axes]
+    if len(set(out)) != len(out):
+        raise OpError(f"{what} {list(axes)} has duplicates")
+    return out
+
+
+def wrap_negative_indices(indices, size):
+    """Maps negative indices into [0, size): ``i + size`` where ``i < 0``.
+
+    ``size`` may be an int or a numpy array broadcasting against ``indices``.
+    """
+    if isinstance(size, np.ndarray):
+        size = size.astype(indices.dtype)
+    if isinstance(indices, np.ndarray):
+        return np.where(indices < 0, indices + size, indices)
+    return jnp.where(indices < 0, indices + size, indices)
+
+
+def check_indices_in_range(indices, size, what="indices"):
+    """Raises for static indices outside [-size, size) (traced ones cannot be checked)."""
+    if isinstance(indices, np.ndarray) and indices.size:
+        lo, hi = np.min(indices), np.max(indices)
+        if np.any((indices < -np.asarray(size)) | (indices >= np.asarray(size))):
+            raise OpError(
+                f"{what} out of range (min {lo}, max {hi}) for a "
+                f"dimension of size {size}")
+
+
+def int_prod(xs) -> int:
+    return int(math.prod(int(v) for v in xs))
+
+
+def nd_index(data_shape, indices, batch_dims):
+    """For GatherND/ScatterND: the advanced-index tuple into data reshaped to (B, ...)."""
+    k = indices.shape[-1]
+    if batch_dims + k > len(data_shape):
+        raise OpError(f"indices' last dimension {k} plus batch_dims "
+                      f"{batch_dims} exceeds data rank {len(data_shape)}")
+    dims = np.array(data_shape[batch_dims:batch_dims + k], dtype=np.int64)
+    check_indices_in_range(indices, dims)
+    idx = wrap_negative_indices(indices, dims)
+    nb = int_prod(data_shape[:batch_dims])
+    xp = array_module(idx)
+    idx = xp.reshape(idx, (nb,) + tuple(indices.shape[batch_dims:]))
+    bidx = np.arange(nb).reshape((nb,) + (1,) * (idx.ndim - 2))
+    return (bidx,) + tuple(idx[..., j] for j in range(k)), nb
+
+
+# ---------------------------------------- conv and pool geometry, quantized products, batch norm
+
+
+def channel_shape(x):
+    """Shape (1, C, 1, ..., 1) for broadcasting a per-channel vector onto ``x``."""
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+def spatial_attrs(x, w_spatial, kernel_shape, strides, dilations):
+    n = x.ndim - 2
+    kernel = list(kernel_shape) if kernel_shape is not None else list(w_spatial)
+    strides = list(strides) if strides is not None else [1] * n
+    dilations = list(dilations) if dilations is not None else [1] * n
+    if len(kernel) != n or len(strides) != n or len(dilations) != n:
+        raise OpError(
+            f"input has {n} spatial dims (shape {list(x.shape)}) but "
+            f"kernel_shape={kernel}, strides={strides}, dilations={dilations}")
+    return kernel, strides, dilations
+
+
+def auto_pads(in_sp, eff_k, strides, auto_pad, pads):
+    """(lo, hi) padding per spatial dim for auto_pad / explicit pads (Conv and pooling)."""
+    n = len(in_sp)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = []
+        for i in range(n):
+            o = -(-in_sp[i] // strides[i])
+            total = max(0, (o - 1) * strides[i] + eff_k[i] - in_sp[i])
+            small, big = total // 2, total - total // 2
+            out.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
+        return out
+    if auto_pad == "VALID" or pads is None:
+        return [(0, 0)] * n
+    if auto_pad not in ("NOTSET", "", None):
+        raise OpError(f"unknown auto_pad {auto_pad!r}")
+    pads = list(pads)
+    if len(pads) != 2 * n:
+        raise OpError(f"pads {pads} should have {2 * n} values")
+    return [(pads[i], pads[i + n]) for i in range(n)]
+
+
+def requantize(y, scale, zero_point, dtype):
+    dtype = np.dtype(dtype)
+    info = np.iinfo(dtype)
+    q = jnp.round(y / scale) + jnp.asarray(zero_point).astype(y.dtype)
+    return jnp.clip(q, info.min, info.max).astype(dtype)
+
+
+def per_axis(v, ndim, axis):
+    v = jnp.asarray(v)
+    if v.ndim == 1 and v.shape[0] > 1:
+        shape = [1] * ndim
+        shape[axis] = -1
+        return v.reshape(shape)
+    return v
+
+
+def batch_norm_inference(x, scale, b, mean, var, epsilon):
+    cd = at_least_float32(x.dtype)
+    shape = channel_shape(x)
+    inv = lax.rsqrt(jnp.reshape(var, shape).astype(cd) + epsilon)
+    y = (x.astype(cd) - jnp.reshape(mean, shape).astype(cd)) * inv
+    y = y * jnp.reshape(scale, shape).astype(cd) + jnp.reshape(b, shape).astype(cd)
+    return y.astype(x.dtype)
+
+
+def batch_stats(x):
+    cd = at_least_float32(x.dtype)
+    axes = (0,) + tuple(range(2, x.ndim))
+    xc = x.astype(cd)
+    mean = jnp.mean(xc, axis=axes)
+    var = jnp.mean(jnp.square(xc - jnp.reshape(mean, channel_shape(x))), axis=axes)
+    return mean, var
+
+
+def batch_norm(x, scale, b, mean, var, *, epsilon, momentum, training, ctx):
+    """Returns (Y, running_mean, running_var, saved_mean, saved_var)."""
+    if training or ctx.training:
+        bm, bv = batch_stats(x)
+        y = batch_norm_inference(x, scale, b, bm, bv, epsilon)
+        run_mean = (mean * momentum + bm.astype(mean.dtype) * (1 - momentum)).astype(mean.dtype)
+        run_var = (var * momentum + bv.astype(var.dtype) * (1 - momentum)).astype(var.dtype)
+        if ctx.training:
+            # In a jaxort training step the running statistics are written back
+            # into the state (frozen parameters), like ORT Training 1.19.2's
+            # BatchNormInternal, whether the node is in inference or training form.
+            ctx.update_state(3, lax.stop_gradient(run_mean))
+            ctx.update_state(4, lax.stop_gradient(run_var))
+        return (y, run_mean, run_var, bm.astype(x.dtype), bv.astype(x.dtype))
+    y = batch_norm_inference(x, scale, b, mean, var, epsilon)
+    return (y, mean, var, mean, var)
+
+
+def gather_hw(img, idx):
+    """img (B, C, H*W), idx (B, ...) -> (B, C, ...)."""
+    b, c = img.shape[:2]
+    flat = idx.reshape(b, 1, -1)
+    return jnp.take_along_axis(img, flat, axis=2).reshape((b, c) + idx.shape[1:])
