@@ -27,14 +27,14 @@ REPEATS = 3
 TARGET_BYTES = 256 * 1024**2
 
 
-def _state() -> ckpt.CheckpointState:
+def _state() -> ckpt.Checkpoint:
     rng = np.random.default_rng(0)
     n_big = 16
     each = TARGET_BYTES // n_big // 4
     trainable = {f"layer{i}.weight": rng.standard_normal(each, dtype=np.float32).reshape(-1, 1024) for i in range(n_big)}
     trainable.update({f"layer{i}.bias": rng.standard_normal(1024, dtype=np.float32) for i in range(n_big)})
     frozen = {"running_mean": np.zeros(4096, np.float32), "step_count": np.array(12, np.int64)}
-    return ckpt.CheckpointState(trainable=trainable, frozen=frozen, properties={"epoch": 3, "loss": 0.25, "run": "bench"})
+    return ckpt.Checkpoint(trainable=trainable, frozen=frozen, properties={"epoch": 3, "loss": 0.25, "run": "bench"})
 
 
 def _raw_write(path: str, data: np.ndarray) -> None:

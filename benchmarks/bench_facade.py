@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from jaxort import checkpoint as ckpt
 from jaxort.api import CheckpointState, Module, Optimizer
-from jaxort.artifacts import LossType, OptimType, generate_artifacts
+from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
 from jaxort.training import TrainProgram
 
 ITERS = 100

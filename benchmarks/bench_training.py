@@ -72,7 +72,7 @@ def main() -> None:
                 jnp.asarray(rng.integers(0, D_OUT, BATCH).astype(np.int32)))
                for _ in range(8)]
 
-    start = ckpt.CheckpointState(trainable=dict(params))
+    start = ckpt.Checkpoint(trainable=dict(params))
     program = TrainProgram.from_artifacts(_onnx_model(params), optimizer_model=adamw_optimizer(),
                                           checkpoint=start)
     jstate = set_learning_rate(program.init_state(start), 1e-3)

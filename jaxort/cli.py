@@ -2,15 +2,15 @@
 
 Commands:
 
-- ``jaxort demo [--out DIR] [--epochs N] [--seed S]``: the digits demo (same as
-  ``python -m jaxort demo``).
+- ``jaxort demo [--out DIR] [--epochs N] [--seed S]``: the digits demo.
 - ``jaxort summary CHECKPOINT``: describe an ONNX Runtime Training checkpoint
   (parameters, optimizer state, properties, sizes).
 - ``jaxort export --checkpoint C --training-model T --eval-model E
   [--output-names N ...] OUT``: write the inference model for a checkpoint,
   as ``Module.export_model_for_inferencing`` does.
 
-A facade: it imports the layers below and nothing imports it.
+``python -m jaxort`` runs the same command line. A facade: it imports the
+layers below and nothing imports it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxort", description="Train ONNX models with JAX, "
                                      "compatible with ONNX Runtime Training artifacts and checkpoints.")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="train the digits classifier through jaxort.api", add_help=False)
+    demo = commands.add_parser("demo", help="train the digits classifier through jaxort.api",
+                               description="Train an MLP on the 8x8 UCI digits through jaxort.api and "
+                                           "report held-out accuracy.")
+    demo.add_argument("--out", default=None,
+                      help="directory for the artifacts, checkpoint and inference model "
+                           "(default: a new temporary directory)")
+    demo.add_argument("--epochs", type=int, default=12, help="passes over the training split")
+    demo.add_argument("--seed", type=int, default=0, help="seed of weights, split and shuffling")
     summary = commands.add_parser("summary", help="describe a checkpoint file")
     summary.add_argument("checkpoint")
     export = commands.add_parser("export", help="write the inference model of a checkpoint")
@@ -50,15 +57,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       bad usage.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "demo":
-        from jaxort.__main__ import main as module_main
-
-        return module_main(argv)
     args = _parser().parse_args(argv)
     from jaxort.errors import JaxortError
 
     try:
-        if args.command == "summary":
+        if args.command == "demo":
+            from jaxort.demo import run_demo
+
+            run_demo(args.out, epochs=args.epochs, seed=args.seed)
+        elif args.command == "summary":
             from jaxort import checkpoint
 
             print(checkpoint.summary(args.checkpoint))

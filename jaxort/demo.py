@@ -3,7 +3,7 @@
 ``python -m jaxort demo`` (and ``make demo``) builds a small MLP as an ONNX
 model for the 8x8 handwritten digits shipped in ``jaxort/data/digits.npz``
 (UCI, 1,797 images; credit in ``jaxort/data/README.md``), generates training
-artifacts with :func:`jaxort.artifacts.generate_artifacts`, trains with the
+artifacts with :func:`jaxort.training.artifacts.generate_artifacts`, trains with the
 ``onnxruntime.training.api``-shaped facade (``CheckpointState``, ``Module``,
 ``Optimizer``), evaluates on a held-out split, and saves the checkpoint and
 the exported inference model.
@@ -133,7 +133,7 @@ def run_demo(
       and the paths ``artifacts``, ``checkpoint``, ``inference_model``.
     """
     from jaxort import api
-    from jaxort.artifacts import LossType, OptimType, generate_artifacts
+    from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
 
     start = time.perf_counter()
     out = pathlib.Path(out_dir) if out_dir is not None else pathlib.Path(

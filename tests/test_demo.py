@@ -6,7 +6,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from jaxort import __main__ as cli_main
+from jaxort import cli as cli_main
 from jaxort import checkpoint as ckpt
 from jaxort import demo
 

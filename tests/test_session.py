@@ -284,7 +284,7 @@ def dropout_artifacts(tmp_path_factory):
     """Gemm + Dropout(ratio 0.5, training_mode) with MSE loss, written by jaxort's generate_artifacts."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from jaxort.artifacts import LossType, OptimType, generate_artifacts
+    from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(size=(6, 4)).astype(np.float32), "fc.weight")
@@ -408,3 +408,42 @@ def test_cli_export_and_summary(tmp_path, capsys):
     assert cli.main(["summary", str(root / "ckpt_after_with_opt")]) == 0
     assert "golden-run" in capsys.readouterr().out
     assert cli.main(["summary", str(tmp_path / "missing")]) == 1
+
+
+class _CompileCounter:
+    """Counts XLA compilations (jax.monitoring events) while ``active``."""
+
+    def __init__(self):
+        self.active = False
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, name, secs, **kwargs):
+        if self.active and name == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+    def compiles(self, fn, *args):
+        self.count, self.active = 0, True
+        try:
+            fn(*args)
+        finally:
+            self.active = False
+        return self.count
+
+
+_COMPILES = _CompileCounter()
+
+
+def test_facade_calls_never_recompile_the_train_step():
+    # The lazy-reset flag, the learning rate and new parameter values stay
+    # committed to the session's device, so the train step compiled for the
+    # first batch serves every later batch of the same shape (an uncommitted
+    # flag once made the second step compile again, with no retrace).
+    state, session = _session()
+    session.train_step(*_frozen_batch(0))
+    for i in range(1, 3):
+        session.optimizer_step()
+        session.lazy_reset_grad()
+        session.set_learning_rate(0.01 * i)
+        js.update_parameter(state, "fc2.bias", js.get_parameter(state, "fc2.bias") * 0.5)
+        assert _COMPILES.compiles(session.train_step, *_frozen_batch(i)) == 0

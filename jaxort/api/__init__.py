@@ -35,8 +35,8 @@ differences, all deliberate:
 - Setting a parameter with the wrong shape or dtype raises
   :class:`jaxort.errors.InputError` (a ValueError; ORT raises RuntimeError).
 
-This package is a facade over :mod:`jaxort.session`; nothing below the
-facades may import it.
+This package is a facade over :class:`jaxort.training.SessionState`, as is
+:mod:`jaxort.session`; nothing below the facades may import it.
 """
 
 from jaxort.api._checkpoint_state import CheckpointState, Parameter, Parameters, Properties

@@ -1,8 +1,10 @@
 """CheckpointState, Parameters, Parameter and Properties of ``jaxort.api``.
 
 Same names and behaviour as ``onnxruntime.training.api.checkpoint_state``
-(ORT 1.19.2), over :class:`jaxort.session.CheckpointState`. Facade code: it
-imports ``jaxort.session`` and must not be imported by the layers below.
+(ORT 1.19.2). A :class:`CheckpointState` holds one immutable
+:class:`jaxort.training.SessionState` and replaces it after every change;
+the views here only delegate to it. Facade code: it imports the training
+layer and must not be imported by the layers below.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Optional, Union
 import numpy as np
 
 from jaxort import checkpoint as _ckpt
-from jaxort import session as _session
+from jaxort import training as _training
 
 __all__ = ["CheckpointState", "Parameter", "Parameters", "Properties"]
 
@@ -27,7 +29,7 @@ class Parameter:
     Module's training state, if a Module was created from it).
     """
 
-    def __init__(self, name: str, state: _session.CheckpointState):
+    def __init__(self, name: str, state: "CheckpointState"):
         self._name = name
         self._state = state
 
@@ -39,22 +41,22 @@ class Parameter:
     @property
     def data(self) -> np.ndarray:
         """The parameter's value (a numpy copy)."""
-        return self._state.get_parameter(self._name)
+        return self._state.session_state.parameter(self._name)
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
         """Replaces the value; shape and dtype must match (InputError otherwise)."""
-        self._state.update_parameter(self._name, value)
+        self._state.session_state = self._state.session_state.update_parameter(self._name, value)
 
     @property
     def grad(self) -> Optional[np.ndarray]:
         """The accumulated gradient, or None (frozen parameter, or no Module yet)."""
-        return self._state.get_gradient(self._name)
+        return self._state.session_state.gradient(self._name)
 
     @property
     def requires_grad(self) -> bool:
         """Whether the parameter is trainable."""
-        return self._state.requires_grad(self._name)
+        return self._state.session_state.requires_grad(self._name)
 
     def __repr__(self) -> str:
         return f"Parameter(name={self.name}, requires_grad={self.requires_grad})"
@@ -69,46 +71,42 @@ class Parameters:
     ``keys()``, ``values()`` and ``items()`` are jaxort additions.
     """
 
-    def __init__(self, state: _session.CheckpointState):
+    def __init__(self, state: "CheckpointState"):
         self._state = state
 
     def __getitem__(self, name: str) -> Parameter:
         """The parameter called ``name``.
 
         Raises:
-          KeyError (jaxort.session.UnknownNameError): no such parameter.
+          KeyError (jaxort.errors.UnknownNameError): no such parameter.
           StateError: the state is nominal (no values yet).
         """
-        self._state._check_name(name)
-        self._state._check_values("get a parameter from")
+        st = self._state.session_state
+        st.check_parameter(name)
+        st.check_values("get a parameter from")
         return Parameter(name, self._state)
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
-        """Replaces a parameter's value.
-
-        Raises:
-          KeyError (jaxort.session.UnknownNameError): no such parameter.
-          InputError: wrong shape or dtype.
-          StateError: the state is nominal.
-        """
-        self._state.update_parameter(name, value)
+        """Replaces a parameter's value (KeyError, InputError or StateError when it cannot)."""
+        self._state.session_state = self._state.session_state.update_parameter(name, value)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self._state.has_parameter(name)
+        return isinstance(name, str) and self._state.session_state.has_parameter(name)
 
     def __iter__(self) -> Iterator[tuple[str, Parameter]]:
         # ORT 1.19.2 yields (name, Parameter) pairs, not names, and refuses
         # on a nominal state.
-        self._state._check_values("get a parameter from")
-        for name in self._state.parameter_names():
+        st = self._state.session_state
+        st.check_values("get a parameter from")
+        for name in st.parameter_names():
             yield name, Parameter(name, self._state)
 
     def __len__(self) -> int:
-        return len(self._state.parameter_names())
+        return len(self._state.session_state.parameter_names())
 
     def keys(self) -> list[str]:
         """Parameter names, sorted (also works on nominal states)."""
-        return self._state.parameter_names()
+        return self._state.session_state.parameter_names()
 
     def values(self) -> list[Parameter]:
         """The parameters, sorted by name."""
@@ -119,7 +117,7 @@ class Parameters:
         return list(self)
 
     def __repr__(self) -> str:
-        return f"Parameters({self._state.parameter_names()})"
+        return f"Parameters({self.keys()})"
 
 
 class Properties:
@@ -131,38 +129,31 @@ class Properties:
     by name, as in ORT 1.19.2.
     """
 
-    def __init__(self, state: _session.CheckpointState):
+    def __init__(self, state: "CheckpointState"):
         self._state = state
 
     def __getitem__(self, name: str) -> Union[int, float, str]:
-        """The property's value.
-
-        Raises:
-          KeyError (jaxort.session.UnknownNameError): no such property.
-        """
-        return self._state.get_property(name)
+        """The property's value; KeyError (jaxort.errors.UnknownNameError) when there is none."""
+        return self._state.session_state.get_property(name)
 
     def __setitem__(self, name: str, value: Union[int, float, str]) -> None:
-        """Adds or replaces a property.
-
-        Raises:
-          InputError: a value that is not int, float or str.
-        """
-        self._state.add_property(name, value)
+        """Adds or replaces a property; InputError for a value that is not int, float or str."""
+        self._state.session_state = self._state.session_state.add_property(name, value)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self._state.has_property(name)
+        return isinstance(name, str) and name in self._state.session_state.properties
 
     def __iter__(self) -> Iterator[tuple[str, Union[int, float, str]]]:
-        for name in self._state.property_names():
-            yield name, self._state.get_property(name)
+        st = self._state.session_state
+        for name in st.property_names():
+            yield name, st.properties[name]
 
     def __len__(self) -> int:
-        return len(self._state.property_names())
+        return len(self._state.session_state.properties)
 
     def keys(self) -> list[str]:
         """Property names, sorted."""
-        return self._state.property_names()
+        return self._state.session_state.property_names()
 
     def items(self) -> list[tuple[str, Union[int, float, str]]]:
         """``(name, value)`` pairs, sorted by name."""
@@ -179,53 +170,48 @@ class CheckpointState:
     created from it shares it: parameter reads and writes go to the Module's
     training state on its device.
 
+    Attributes:
+      session_state: the current :class:`jaxort.training.SessionState`;
+        every call replaces it.
+
     Example:
       >>> state = CheckpointState.load_checkpoint("checkpoint")       # doctest: +SKIP
       >>> state.properties["epoch"] = 3                               # doctest: +SKIP
       >>> CheckpointState.save_checkpoint(state, "checkpoint_out")    # doctest: +SKIP
     """
 
-    def __init__(self, state: _session.CheckpointState):
-        """Wraps a :class:`jaxort.session.CheckpointState`.
+    def __init__(self, state: Union[_ckpt.Checkpoint, _training.SessionState]):
+        """Wraps a loaded :class:`jaxort.checkpoint.Checkpoint` (or a SessionState).
 
-        Args:
-          state: the handle, or a :class:`jaxort.checkpoint.CheckpointState`.
+        Raises:
+          TypeError: another type.
         """
-        if isinstance(state, _ckpt.CheckpointState):
-            state = _session.CheckpointState(state)
-        if not isinstance(state, _session.CheckpointState):
+        if isinstance(state, _ckpt.Checkpoint):
+            state = _training.SessionState.from_checkpoint(state)
+        if not isinstance(state, _training.SessionState):
             raise TypeError(f"Invalid argument for CheckpointState received {type(state)}")
-        self._state = state
-        self._parameters = Parameters(state)
-        self._properties = Properties(state)
+        self.session_state = state
+        self._parameters = Parameters(self)
+        self._properties = Properties(self)
 
     @classmethod
     def load_checkpoint(cls, checkpoint_uri: Union[str, os.PathLike]) -> "CheckpointState":
-        """Loads a complete or nominal checkpoint file.
-
-        Args:
-          checkpoint_uri: the file.
-
-        Returns:
-          The state.
-
-        Raises:
-          CheckpointError: missing or malformed file.
-        """
-        return cls(_session.load_checkpoint(checkpoint_uri))
+        """Loads a complete or nominal checkpoint file; CheckpointError if missing or malformed."""
+        return cls(_ckpt.load(os.fspath(checkpoint_uri)))
 
     @classmethod
     def save_checkpoint(cls, state: "CheckpointState", checkpoint_uri: Union[str, os.PathLike],
                         include_optimizer_state: bool = False) -> None:
-        """Saves the state as an ORT Training checkpoint.
+        """Saves the state as an ORT Training checkpoint, atomically.
 
         Args:
           state: the state.
-          checkpoint_uri: the file (written atomically).
+          checkpoint_uri: the file.
           include_optimizer_state: also save the optimizer's step, initial
             learning rate and moments (when an Optimizer exists).
         """
-        _session.save_checkpoint(state._state, checkpoint_uri, include_optimizer_state)
+        _ckpt.save(state.session_state.to_checkpoint(include_optimizer_state), os.fspath(checkpoint_uri),
+                   include_optimizer_state=include_optimizer_state)
 
     @property
     def parameters(self) -> Parameters:

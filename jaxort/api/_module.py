@@ -1,10 +1,11 @@
 """Module, Optimizer and LinearLRScheduler of ``jaxort.api``.
 
 Same names, signatures and behaviour as ``onnxruntime.training.api``
-(ORT 1.19.2), over :class:`jaxort.session.TrainingSession`: a Module owns a
-session made without an optimizer; an :class:`Optimizer` adds one to it.
-Facade code: it imports ``jaxort.session`` and must not be imported by the
-layers below.
+(ORT 1.19.2). A Module starts a session without an optimizer on its
+:class:`CheckpointState`'s :class:`jaxort.training.SessionState`; an
+:class:`Optimizer` adds one to it. Every method calls the training layer and
+replaces the state's value. Facade code: it imports the training and graph
+layers and must not be imported by the layers below.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import os
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
+import onnx
 
-from jaxort import session as _session
+from jaxort import training as _training
 from jaxort.api._checkpoint_state import CheckpointState
+from jaxort.errors import StateError
+from jaxort.graph import resolve_device
 
 __all__ = ["LinearLRScheduler", "Module", "Optimizer"]
 
@@ -57,10 +61,24 @@ class Module:
         """
         if not isinstance(state, CheckpointState):
             raise TypeError(f"state must be a jaxort.api.CheckpointState, got {type(state).__name__}")
+        device = resolve_device(device)
+        program = _training.PROGRAMS.get(_uri(train_model_uri), _uri(eval_model_uri), None,
+                                         state.session_state.checkpoint)
         self.training = True
         self._state = state
-        self._session = _session.TrainingSession(state._state, _uri(train_model_uri),
-                                                 _uri(eval_model_uri), device=device)
+        state.session_state = state.session_state.attach(program, device=device, owner=self)
+
+    def _get(self) -> _training.SessionState:
+        """The state's value, once this Module still owns it and follows the process seed."""
+        st = self._state.session_state
+        if st.owner is not self:
+            raise StateError("the CheckpointState is now used by another Module")
+        st = st.follow_seed()
+        self._state.session_state = st
+        return st
+
+    def _put(self, st: _training.SessionState) -> None:
+        self._state.session_state = st
 
     def __call__(self, *user_inputs) -> Union[np.ndarray, tuple[np.ndarray, ...]]:
         """Runs a train step (training mode) or an eval step (eval mode).
@@ -78,9 +96,10 @@ class Module:
           StateError: eval mode without an eval model; nominal state.
         """
         if self.training:
-            outputs = self._session.train_step(*user_inputs)
+            st, outputs = self._get().train_step(user_inputs)
+            self._put(st)
         else:
-            outputs = self._session.eval_step(*user_inputs)
+            outputs = self._get().eval_step(user_inputs)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def train(self, mode: bool = True) -> "Module":
@@ -94,7 +113,7 @@ class Module:
 
     def lazy_reset_grad(self) -> None:
         """Makes the next train step overwrite the gradients instead of adding to them."""
-        self._session.lazy_reset_grad()
+        self._put(self._get().lazy_reset_grad())
 
     def get_contiguous_parameters(self, trainable_only: bool = False) -> np.ndarray:
         """The parameters as one float32 vector, in the training model's input order.
@@ -107,11 +126,11 @@ class Module:
         Raises:
           StateError: nominal state.
         """
-        return self._session.copy_parameters_to_buffer(trainable_only)
+        return self._get().parameters_to_buffer(trainable_only)
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (works on nominal states)."""
-        return self._session.get_parameters_size(trainable_only)
+        return self._get().parameters_size(trainable_only)
 
     def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = True) -> None:
         """Sets the parameters from one float32 vector (numpy, JAX, or anything with ``.numpy()``).
@@ -125,7 +144,7 @@ class Module:
         """
         if hasattr(buffer, "numpy") and not isinstance(buffer, np.ndarray):
             buffer = buffer.numpy()
-        self._session.copy_buffer_to_parameters(buffer, trainable_only)
+        self._put(self._get().buffer_to_parameters(buffer, trainable_only))
 
     def export_model_for_inferencing(self, inference_model_uri: PathLike,
                                      graph_output_names: Sequence[str]) -> None:
@@ -135,19 +154,21 @@ class Module:
           StateError: no eval model.
           TrainingError: an unknown output name.
         """
-        self._session.export_model_for_inferencing(inference_model_uri, graph_output_names)
+        onnx.save(self._get().export_model(graph_output_names), os.fspath(inference_model_uri))
 
     def input_names(self) -> list[str]:
         """User inputs then labels of the training model (eval model in eval mode)."""
+        program = self._get().program
         if self.training:
-            return self._session.training_model_input_names()
-        return self._session.eval_model_input_names()
+            return list(program.input_names)
+        return list(program.eval_input_names) if program.has_eval_model else []
 
     def output_names(self) -> list[str]:
         """User outputs of the training model (eval model in eval mode), loss first."""
+        program = self._get().program
         if self.training:
-            return self._session.training_model_output_names()
-        return self._session.eval_model_output_names()
+            return list(program.output_names)
+        return list(program.eval_output_names) if program.has_eval_model else []
 
 
 class Optimizer:
@@ -168,8 +189,11 @@ class Optimizer:
         """
         if not isinstance(module, Module):
             raise TypeError(f"module must be a jaxort.api.Module, got {type(module).__name__}")
-        self._session = module._session
-        self._session._attach_optimizer(_uri(optimizer_uri))
+        self._module = module
+        st = module._get()
+        program = _training.PROGRAMS.get(st.program.training_model, st.program.eval_model,
+                                         _uri(optimizer_uri), st.checkpoint)
+        module._put(st.with_optimizer(program))
 
     def step(self) -> None:
         """Applies one optimizer step; gradients are kept.
@@ -178,15 +202,15 @@ class Optimizer:
           StateError: no train step has run yet (ORT 1.19.2 would step on
             zero gradients).
         """
-        self._session.optimizer_step()
+        self._module._put(self._module._get().optimizer_step())
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next steps."""
-        self._session.set_learning_rate(learning_rate)
+        self._module._put(self._module._get().set_learning_rate(learning_rate))
 
     def get_learning_rate(self) -> float:
         """The current learning rate (a float32 value)."""
-        return self._session.get_learning_rate()
+        return self._module._get().learning_rate()
 
 
 class LinearLRScheduler:
@@ -218,12 +242,15 @@ class LinearLRScheduler:
           initial_lr: the peak learning rate (also what a saved checkpoint
             records as the initial learning rate).
         """
-        self._session = optimizer._session
-        self._session.register_linear_lr_scheduler(warmup_step_count, total_step_count, initial_lr)
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be a jaxort.api.Optimizer, got {type(optimizer).__name__}")
+        self._module = optimizer._module
+        self._module._put(self._module._get().register_linear_lr_scheduler(
+            warmup_step_count, total_step_count, initial_lr))
 
     def step(self) -> None:
         """Recomputes the learning rate from the optimizer's step count."""
-        self._session.scheduler_step()
+        self._module._put(self._module._get().scheduler_step())
 
 
 def _uri(uri: Any) -> Optional[Any]:

@@ -14,7 +14,11 @@ jitted functions over an immutable :class:`TrainState`::
 ORT's optimizers are optax transforms (:func:`scale_by_ort_adamw`,
 :func:`scale_by_ort_sgd`); learning-rate schedules are optax schedules of the
 optimizer step (:func:`linear_lr_schedule`, applied with :func:`apply_schedule`).
-This layer knows nothing of the session facades.
+:class:`SessionState` is a checkpoint state and the session over it as one
+value, the core both facades delegate to; :class:`ParameterLayout` gives
+ORT's parameter-buffer order. Artifacts are read, generated and exported by
+:mod:`jaxort.training.artifacts`. This layer knows nothing of the session
+facades.
 """
 
 from jaxort.training.optimizers import (
@@ -30,17 +34,20 @@ from jaxort.training.optimizers import (
     scale_by_ort_sgd,
     sgd_optimizer,
 )
-from jaxort.training.ort_artifacts import (
+from jaxort.training.artifacts.read import (
     TrainingModelInfo,
     describe_training_model,
     slice_model,
 )
+from jaxort.training.layout import ParameterLayout
 from jaxort.training.precision import Policy, bfloat16_policy, cast_model
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
+from jaxort.training.session_state import PROCESS_SEED, PROGRAMS, ProcessSeed, ProgramCache, SessionState
 from jaxort.training.state import (
     TrainState,
     apply_schedule,
+    restore_optimizer_state,
     set_initial_learning_rate,
     set_learning_rate,
     set_seed,
@@ -51,9 +58,15 @@ from jaxort.training.state import (
 __all__ = [
     "DEFAULT_LEARNING_RATE",
     "OrtOptimizer",
+    "PROCESS_SEED",
+    "PROGRAMS",
+    "ParameterLayout",
     "Policy",
+    "ProcessSeed",
+    "ProgramCache",
     "ScaleByOrtAdamWState",
     "ScaleByOrtSgdState",
+    "SessionState",
     "TrainProgram",
     "TrainState",
     "TrainingModelInfo",
@@ -67,6 +80,7 @@ __all__ = [
     "ort_adamw",
     "ort_sgd",
     "scale_by_ort_adamw",
+    "restore_optimizer_state",
     "scale_by_ort_sgd",
     "set_initial_learning_rate",
     "set_learning_rate",

@@ -31,6 +31,7 @@ The returned updates are ``new_params - params``, to be added with
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple, Union
 
 import jax
@@ -39,7 +40,7 @@ import numpy as np
 import optax
 from onnx import helper
 
-from jaxort.errors import TrainingError
+from jaxort.errors import CheckpointError, TrainingError
 
 __all__ = [
     "ScaleByOrtAdamWState",
@@ -270,12 +271,17 @@ def ort_sgd(learning_rate: ScalarOrSchedule = DEFAULT_LEARNING_RATE) -> optax.Gr
 class OrtOptimizer:
     """An ORT optimizer node turned into an optax transform, with what it was made from.
 
+    Each optimizer owns the mapping between its optax state and the
+    per-parameter tensors of a checkpoint's optimizer group
+    (:meth:`checkpoint_states`, :meth:`restore`). The step count is the
+    transform's own ``count`` (optax's convention), saved as the group's step.
+
     Attributes:
       optimizer_type: ``"AdamW"`` or ``"SGD"``.
       hyperparameters: the node's attributes (AdamW: alpha, beta, epsilon,
         weight_decay, adam_mode, correct_bias; SGD: none).
       transform: the ``GradientTransformationExtraArgs``; it takes the learning
-        rate and step as extra arguments.
+        rate as an extra argument.
       moment_names: the checkpoint names of the per-parameter states ORT saves
         (``("momentum0", "momentum1")`` for AdamW, ``("momentum0",)`` for SGD).
     """
@@ -293,21 +299,61 @@ class OrtOptimizer:
         """``transform.update``."""
         return self.transform.update(updates, state, params, **extra_args)
 
-    def moments(self, opt_state) -> dict:
-        """Returns {moment name: params-shaped tree} of the per-parameter states ORT saves.
+    def checkpoint_states(self, opt_state, params: Mapping) -> dict:
+        """The per-parameter states ORT saves: ``{param: {moment name: numpy array}}``, sorted by name.
 
-        For SGD this is empty; ORT's zero ``momentum0`` is made by the checkpoint conversion.
+        Args:
+          opt_state: the transform's state.
+          params: the trainable parameters (their names and shapes).
         """
+        trees = self._moment_trees(opt_state)
+        out = {}
+        for pname in sorted(params):
+            out[pname] = {m: np.asarray(trees[m][pname]) if m in trees
+                          # ORT 1.19.2 saves a zero momentum0 for SGDOptimizerV2, which keeps none.
+                          else np.zeros(np.shape(params[pname]), np.float32)
+                          for m in self.moment_names}
+        return out
+
+    def restore(self, params: Mapping, states: Mapping, step: int):
+        """The transform's state for ``params`` from a checkpoint group's states and step.
+
+        Args:
+          params: the trainable parameters.
+          states: ``{param: {moment name: array}}`` (an ``OptimizerGroup.states``).
+          step: the group's step count.
+
+        Returns:
+          The optax state.
+
+        Raises:
+          CheckpointError: missing moments or moments of the wrong shape (all listed).
+        """
+        opt_state = self.init(params)
+        names = [m for m in self.moment_names if m in self._moment_trees(opt_state)]
+        problems, trees = [], {m: {} for m in names}
+        for mname in names:
+            for pname, p in params.items():
+                value = states.get(pname, {}).get(mname)
+                if value is None:
+                    problems.append(f"optimizer state {mname!r} of {pname!r} is missing")
+                elif tuple(np.shape(value)) != tuple(np.shape(p)):
+                    problems.append(f"optimizer state {mname!r} of {pname!r} has shape "
+                                    f"{list(np.shape(value))}, the parameter {list(np.shape(p))}")
+                else:
+                    trees[mname][pname] = jnp.asarray(np.asarray(value), jnp.float32)
+        if problems:
+            raise CheckpointError("checkpoint optimizer state does not match: " + "; ".join(problems))
+        return self._with_state(opt_state, trees, jnp.asarray(step, jnp.int32))
+
+    def _moment_trees(self, opt_state) -> dict:
         if isinstance(opt_state, ScaleByOrtAdamWState):
             return {"momentum0": opt_state.mu, "momentum1": opt_state.nu}
         return {}
 
-    def with_moments(self, opt_state, moments: dict, count) -> Any:
-        """Returns ``opt_state`` with the saved moments and step count put back."""
-        count = jnp.asarray(count, jnp.int32)
+    def _with_state(self, opt_state, trees: dict, count):
         if isinstance(opt_state, ScaleByOrtAdamWState):
-            return ScaleByOrtAdamWState(count, moments.get("momentum0", opt_state.mu),
-                                        moments.get("momentum1", opt_state.nu))
+            return ScaleByOrtAdamWState(count, trees["momentum0"], trees["momentum1"])
         return opt_state._replace(count=count)
 
 

@@ -11,7 +11,6 @@ new learning rate never recompile, a new batch shape compiles once.
 from __future__ import annotations
 
 import collections
-import inspect
 from typing import Callable, Sequence
 
 import jax
@@ -21,10 +20,15 @@ import optax
 
 from jaxort.errors import InputError, TrainingError
 from jaxort.graph import JaxGraph, load_model
-from jaxort.training import ort_artifacts
+from jaxort.training.artifacts import read as ort_artifacts
 from jaxort.training.optimizers import DEFAULT_LEARNING_RATE, OrtOptimizer, optimizer_from_model
 from jaxort.training.precision import Policy, cast_model
-from jaxort.training.state import TrainState, state_from_checkpoint, state_to_checkpoint
+from jaxort.training.state import (
+    TrainState,
+    restore_optimizer_state,
+    state_from_checkpoint,
+    state_to_checkpoint,
+)
 
 __all__ = ["TrainProgram"]
 
@@ -86,7 +90,7 @@ class TrainProgram:
         self.loss_fn = loss_fn
         self._n_graph_inputs = len(info.input_names)
         if loss_fn is not None and label_names is None:
-            label_names = _trailing_parameters(loss_fn, len(info.output_names))
+            label_names = ort_artifacts.loss_label_names(loss_fn, len(info.output_names))
         self.label_names = list(label_names or ()) if loss_fn is not None else []
         self.eval_model = eval_model
         self.optimizer = optimizer
@@ -139,7 +143,7 @@ class TrainProgram:
           eval_model: ``eval_model.onnx`` or None.
           optimizer_model: ``optimizer_model.onnx``, an ``OrtOptimizer`` (e.g.
             ``adamw_optimizer()``), or None.
-          checkpoint: a ``CheckpointState`` whose parameter names tell
+          checkpoint: a ``jaxort.checkpoint.Checkpoint`` whose parameter names tell
             parameters from user inputs, as ORT does. Needed when frozen
             parameters come before the first trainable one in the model's
             inputs (e.g. a frozen first layer); see
@@ -150,17 +154,26 @@ class TrainProgram:
             when the training model ends before the loss (``generate_artifacts``
             with a callable loss). Steps then take the labels after the user
             inputs and return the loss first, then the model outputs.
-          label_names: names of the labels ``loss_fn`` takes; default its
-            parameters after the model outputs.
+          label_names: names of the labels ``loss_fn`` takes; default the ones
+            the training model records, else its parameters without defaults
+            after the model outputs.
 
         Returns:
           The program.
 
         Raises:
-          TrainingError: unknown optimizer op, bad names.
+          TrainingError: unknown optimizer op, bad names, or a training model
+            generated with a JAX loss given without ``loss_fn``.
           ModelError / UnsupportedOpError: the graphs cannot be traced.
         """
         train = load_model(training_model, check=False)
+        custom = ort_artifacts.custom_loss(train)
+        if custom is not None and loss_fn is None:
+            raise TrainingError(
+                f"this training model was generated with the JAX loss {custom[0]!r} and ends before "
+                f"the loss; pass loss_fn= (the same callable, taking the labels {list(custom[1])})")
+        if custom is not None and label_names is None and custom[1]:
+            label_names = list(custom[1])
         if parameter_names is None and checkpoint is not None:
             parameter_names = list(checkpoint.trainable) + list(checkpoint.frozen)
         trainable = None
@@ -224,7 +237,7 @@ class TrainProgram:
 
     # ------------------------------------------------------------------ state
 
-    def init_state(self, checkpoint_state, *, seed: int = 0) -> TrainState:
+    def init_state(self, checkpoint, *, seed: int = 0) -> TrainState:
         """Builds the initial TrainState from a checkpoint.
 
         The learning rate is ORT's default for a fresh optimizer (0.001). If
@@ -233,7 +246,7 @@ class TrainProgram:
         the learning rate is set from the group's ``initial_learning_rate``.
 
         Args:
-          checkpoint_state: a ``jaxort.checkpoint.CheckpointState``.
+          checkpoint: a ``jaxort.checkpoint.Checkpoint``.
           seed: the PRNG seed for random training-mode ops.
 
         Returns:
@@ -243,23 +256,47 @@ class TrainProgram:
           CheckpointError: parameter names, shapes or moments do not match.
         """
         return state_from_checkpoint(
-            checkpoint_state, self.optimizer, trainable_names=self.trainable_names,
+            checkpoint, self.optimizer, trainable_names=self.trainable_names,
             frozen_names=self.frozen_names, seed=seed,
             default_learning_rate=DEFAULT_LEARNING_RATE)
 
-    def to_checkpoint(self, state: TrainState, include_optimizer_state: bool = True):
-        """Converts a state to a ``CheckpointState`` as ORT 1.19.2 saves it.
+    def to_checkpoint(self, state: TrainState, include_optimizer_state: bool = True, *,
+                      properties=None):
+        """Converts a state to a ``jaxort.checkpoint.Checkpoint`` as ORT 1.19.2 saves it.
 
         Args:
           state: the state.
           include_optimizer_state: add the optimizer group ("group0") with
             the step, initial learning rate and ``momentum0``/``momentum1``.
+          properties: the property bag to save (name -> int, float or str),
+            e.g. the ``properties`` of the checkpoint the state came from.
 
         Returns:
-          The checkpoint state.
+          The checkpoint.
         """
-        return state_to_checkpoint(state, self.optimizer,
-                                   include_optimizer_state=include_optimizer_state)
+        return state_to_checkpoint(state, self.optimizer, include_optimizer_state=include_optimizer_state,
+                                   properties=properties)
+
+    def add_optimizer_state(self, state: TrainState, optimizer_groups=()) -> TrainState:
+        """Returns ``state`` with this program's optimizer state, fresh or from a checkpoint group.
+
+        Parameters, gradients and the PRNG key are kept: this is how an
+        optimizer joins a state made by a program without one (ORT's
+        ``Optimizer(optimizer_model, module)``).
+
+        Args:
+          state: a state of a program over the same training model.
+          optimizer_groups: a checkpoint's ``optimizer_groups``; the first one's
+            step, moments and learning rate are restored.
+
+        Returns:
+          The new state.
+
+        Raises:
+          CheckpointError: the group's moments do not match the parameters.
+        """
+        return restore_optimizer_state(state, self.optimizer, tuple(optimizer_groups),
+                                       default_learning_rate=DEFAULT_LEARNING_RATE)
 
     # ------------------------------------------------------------------ pure cores
 
@@ -331,10 +368,9 @@ class TrainProgram:
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
         updates, opt_state = self.optimizer.update(
-            state.grads, state.opt_state, state.params,
-            learning_rate=state.learning_rate, step=state.step + 1)
+            state.grads, state.opt_state, state.params, learning_rate=state.learning_rate)
         params = optax.apply_updates(state.params, updates)
-        return state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+        return state.replace(params=params, opt_state=opt_state)
 
     def _opt_core(self, state: TrainState) -> TrainState:
         self._traces["optimizer_step"] += 1
@@ -344,7 +380,7 @@ class TrainProgram:
         self._traces["train_and_update"] += 1
         state, outs = self._train_apply(state, inputs)
         state = self._opt_apply(state)
-        return state.replace(accumulate=jnp.asarray(False)), outs
+        return state.replace(accumulate=jnp.zeros_like(state.accumulate)), outs
 
     def _train_apply(self, state: TrainState, inputs):
         rng, g, outs, frozen, params_upd = self._forward_grad(state, inputs)
@@ -353,7 +389,7 @@ class TrainProgram:
         params = dict(state.params)
         params.update(params_upd)
         return state.replace(params=params, frozen=frozen, grads=grads,
-                             accumulate=jnp.asarray(True), rng=rng), outs
+                             accumulate=jnp.ones_like(state.accumulate), rng=rng), outs
 
     # ------------------------------------------------------------------ public steps
 
@@ -376,9 +412,7 @@ class TrainProgram:
           InputError: wrong number, shape or dtype of inputs.
         """
         self._check_arity(inputs, self.input_names, "train_step")
-        props = state.properties
-        new, outs = self._jit_train(state.replace(properties=()), *inputs)
-        return new.replace(properties=props), outs
+        return self._jit_train(state, *inputs)
 
     def eval_step(self, state: TrainState, *inputs) -> tuple:
         """Evaluates the eval model (inference mode) on a batch.
@@ -391,7 +425,7 @@ class TrainProgram:
           The eval model's outputs.
         """
         self._check_arity(inputs, self.eval_input_names, "eval_step")
-        return self._jit_eval(state.replace(properties=()), *inputs)
+        return self._jit_eval(state, *inputs)
 
     def optimizer_step(self, state: TrainState) -> TrainState:
         """Applies the optimizer to the accumulated gradients (they are kept).
@@ -407,8 +441,7 @@ class TrainProgram:
         """
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
-        props = state.properties
-        return self._jit_opt(state.replace(properties=())).replace(properties=props)
+        return self._jit_opt(state)
 
     def lazy_reset_grad(self, state: TrainState) -> TrainState:
         """Makes the next train step overwrite the gradients instead of adding to them.
@@ -419,7 +452,9 @@ class TrainProgram:
         Returns:
           The new state (gradients unchanged until the next train step, as in ORT).
         """
-        return state.replace(accumulate=jnp.asarray(False))
+        # zeros_like keeps the flag on the state's device (committed like the
+        # rest of the state), so the next train step does not recompile.
+        return state.replace(accumulate=jnp.zeros_like(state.accumulate))
 
     def train_and_update(self, state: TrainState, *inputs) -> tuple[TrainState, tuple]:
         """``train_step``, ``optimizer_step`` and ``lazy_reset_grad`` in one compiled call.
@@ -434,9 +469,7 @@ class TrainProgram:
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
         self._check_arity(inputs, self.input_names, "train_and_update")
-        props = state.properties
-        new, outs = self._jit_fused(state.replace(properties=()), *inputs)
-        return new.replace(properties=props), outs
+        return self._jit_fused(state, *inputs)
 
     def __repr__(self) -> str:
         opt = self.optimizer.optimizer_type if self.optimizer else None
@@ -449,17 +482,6 @@ def _to_output(value, policy):
     if policy is not None:
         return policy.cast_to_output(value)
     return value
-
-
-def _trailing_parameters(fn: Callable, n_outputs: int) -> list:
-    """The names of ``fn``'s positional parameters after the first ``n_outputs``."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        raise TrainingError("cannot read loss_fn's parameters; pass label_names") from None
-    names = [p.name for p in params
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    return names[n_outputs:]
 
 
 def _has_name(model: onnx.ModelProto, name: str) -> bool:

@@ -2,18 +2,18 @@
 
 A ``TrainState`` is what the pure steps of :class:`jaxort.training.TrainProgram`
 take and return. Its leaves are arrays (parameters, gradient accumulators,
-optimizer moments, counters, the learning rate, a PRNG key); the property bag
-is static metadata. Change a state with :meth:`TrainState.replace` or the
+optimizer moments with the step count, the learning rate, a PRNG key). The
+checkpoint's property bag stays outside it. Change a state with :meth:`TrainState.replace` or the
 helpers here; nothing is mutated in place.
 
-Conversions to and from :class:`jaxort.checkpoint.CheckpointState` map the
-optimizer moments to ORT's per-parameter ``momentum0`` / ``momentum1``.
+Conversions to and from :class:`jaxort.checkpoint.Checkpoint` map the
+optimizer state to ORT's per-parameter ``momentum0`` / ``momentum1`` through
+the optimizer itself (``OrtOptimizer.checkpoint_states`` / ``restore``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any, Sequence
 
 import jax
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxort import checkpoint as ckpt_lib
-from jaxort.errors import CheckpointError, TrainingError
+from jaxort.errors import CheckpointError
 
 __all__ = [
     "TrainState",
@@ -29,65 +29,19 @@ __all__ = [
     "set_initial_learning_rate",
     "set_seed",
     "apply_schedule",
+    "restore_optimizer_state",
     "state_from_checkpoint",
     "state_to_checkpoint",
 ]
 
 
-class _Properties(Mapping):
-    """A read-only, hashable property bag (name -> int, float or str)."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items=()):
-        if isinstance(items, Mapping):
-            items = items.items()
-        checked = []
-        for name, value in items:
-            if not isinstance(name, str):
-                raise TrainingError(f"property names must be str, got {name!r}")
-            if isinstance(value, (bool, np.bool_)) or not isinstance(
-                    value, (int, float, str, np.integer, np.floating)):
-                raise TrainingError(
-                    f"property {name!r} must be an int, float or str, got {type(value).__name__}")
-            if isinstance(value, np.integer):
-                value = int(value)
-            elif isinstance(value, np.floating):
-                value = float(value)
-            checked.append((name, value))
-        self._items = tuple(checked)
-
-    def __getitem__(self, key):
-        for name, value in self._items:
-            if name == key:
-                return value
-        raise KeyError(key)
-
-    def __iter__(self):
-        return (name for name, _ in self._items)
-
-    def __len__(self):
-        return len(self._items)
-
-    def __hash__(self):
-        return hash(tuple((n, type(v).__name__, v) for n, v in self._items))
-
-    def __eq__(self, other):
-        if isinstance(other, _Properties):
-            return self._items == other._items
-        return isinstance(other, Mapping) and dict(self._items) == dict(other)
-
-    def __repr__(self):
-        return repr(dict(self._items))
-
-
-_LEAF_FIELDS = ("params", "frozen", "grads", "accumulate", "opt_state", "step",
-                "learning_rate", "initial_learning_rate", "rng")
+_FIELDS = ("params", "frozen", "grads", "accumulate", "opt_state", "learning_rate",
+           "initial_learning_rate", "rng")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainState:
-    """The state of a training run (an immutable, registered pytree).
+    """The state of a training run (an immutable, registered pytree: every field is a leaf tree).
 
     Attributes:
       params: trainable parameters, name -> array (ONNX initializer names).
@@ -97,8 +51,8 @@ class TrainState:
         ``<param>_grad.accumulation.buffer``).
       accumulate: bool scalar; False after ``lazy_reset_grad``, so the next
         train step overwrites ``grads`` instead of adding to them.
-      opt_state: the optimizer transform's state (e.g. ``ScaleByOrtAdamWState``).
-      step: int32 scalar, optimizer steps done (ORT's optimizer group step).
+      opt_state: the optimizer transform's state (e.g. ``ScaleByOrtAdamWState``);
+        its ``count`` is the one step counter (see :attr:`step`).
       learning_rate: float32 scalar used by the next optimizer step. Being a
         value, changing it never recompiles.
       initial_learning_rate: float32 scalar saved as the optimizer group's
@@ -106,8 +60,10 @@ class TrainState:
         its scheduler started from, not the current one).
       rng: PRNG key (uint32[2]) for random training-mode ops (Dropout); split
         on every train step.
-      properties: the checkpoint's property bag (static metadata, not a leaf):
-        name -> int, float or str.
+
+    The checkpoint's property bag is not part of the state: it is metadata
+    that no step reads, kept beside the state by whoever saves it (see
+    :meth:`jaxort.training.TrainProgram.to_checkpoint`).
     """
 
     params: dict
@@ -115,21 +71,15 @@ class TrainState:
     grads: dict
     accumulate: Any
     opt_state: Any
-    step: Any
     learning_rate: Any
     initial_learning_rate: Any
     rng: Any
-    properties: Mapping = dataclasses.field(default_factory=_Properties)
-
-    def __post_init__(self):
-        if not isinstance(self.properties, _Properties):
-            object.__setattr__(self, "properties", _Properties(self.properties))
 
     def replace(self, **changes) -> "TrainState":
         """Returns a copy with the given fields replaced.
 
         Example:
-          >>> s2 = state.replace(properties={"epoch": 3})   # doctest: +SKIP
+          >>> s2 = state.replace(learning_rate=jnp.float32(0.01))   # doctest: +SKIP
         """
         return dataclasses.replace(self, **changes)
 
@@ -140,25 +90,31 @@ class TrainState:
         out.update(self.frozen)
         return out
 
+    @property
+    def step(self) -> jax.Array:
+        """Optimizer steps done (ORT's optimizer group step): the optimizer state's ``count``.
 
-def _flatten_with_keys(s: TrainState):
-    children = tuple((jax.tree_util.GetAttrKey(f), getattr(s, f)) for f in _LEAF_FIELDS)
-    return children, s.properties
-
-
-def _flatten(s: TrainState):
-    return tuple(getattr(s, f) for f in _LEAF_FIELDS), s.properties
-
-
-def _unflatten(properties, children) -> TrainState:
-    obj = object.__new__(TrainState)
-    for f, v in zip(_LEAF_FIELDS, children):
-        object.__setattr__(obj, f, v)
-    object.__setattr__(obj, "properties", properties)
-    return obj
+        Zero when the state has no optimizer state.
+        """
+        count = _find_count(self.opt_state)
+        return jnp.zeros((), jnp.int32) if count is None else count
 
 
-jax.tree_util.register_pytree_with_keys(TrainState, _flatten_with_keys, _unflatten, _flatten)
+def _find_count(tree):
+    """The first ``count`` field of an optax state (NamedTuples, possibly nested), or None."""
+    if hasattr(tree, "_fields"):
+        if "count" in tree._fields:
+            return tree.count
+        tree = tuple(tree)
+    if isinstance(tree, (tuple, list)):
+        for item in tree:
+            found = _find_count(item)
+            if found is not None:
+                return found
+    return None
+
+
+jax.tree_util.register_dataclass(TrainState, data_fields=list(_FIELDS), meta_fields=[])
 
 
 def set_learning_rate(state: TrainState, learning_rate) -> TrainState:
@@ -174,7 +130,9 @@ def set_learning_rate(state: TrainState, learning_rate) -> TrainState:
     Returns:
       The new state.
     """
-    return state.replace(learning_rate=jnp.asarray(learning_rate, jnp.float32).reshape(()))
+    # full_like keeps the value where the old one lives (a committed device
+    # array stays committed), so the next step does not recompile.
+    return state.replace(learning_rate=jnp.full_like(state.learning_rate, learning_rate, jnp.float32))
 
 
 def set_initial_learning_rate(state: TrainState, learning_rate) -> TrainState:
@@ -189,8 +147,9 @@ def set_initial_learning_rate(state: TrainState, learning_rate) -> TrainState:
     Returns:
       The new state.
     """
-    lr = jnp.asarray(learning_rate, jnp.float32).reshape(())
-    return state.replace(learning_rate=lr, initial_learning_rate=lr)
+    return state.replace(
+        learning_rate=jnp.full_like(state.learning_rate, learning_rate, jnp.float32),
+        initial_learning_rate=jnp.full_like(state.initial_learning_rate, learning_rate, jnp.float32))
 
 
 def set_seed(state: TrainState, seed: int) -> TrainState:
@@ -229,10 +188,10 @@ def _to_f32_scalar(x) -> jax.Array:
 def state_from_checkpoint(ckpt, optimizer, *, trainable_names: Sequence[str],
                           frozen_names: Sequence[str], seed: int = 0,
                           default_learning_rate: float = 1e-3) -> TrainState:
-    """Builds a TrainState from a ``jaxort.checkpoint.CheckpointState``.
+    """Builds a TrainState from a ``jaxort.checkpoint.Checkpoint``.
 
     Args:
-      ckpt: the checkpoint state.
+      ckpt: the checkpoint.
       optimizer: an ``OrtOptimizer`` (or None: no optimizer state).
       trainable_names: the program's trainable parameter names.
       frozen_names: the program's frozen parameter names.
@@ -256,71 +215,68 @@ def state_from_checkpoint(ckpt, optimizer, *, trainable_names: Sequence[str],
     frozen = {}
     all_params = dict(ckpt.trainable)
     all_params.update(ckpt.frozen)
-    for name in trainable_names:
-        if name not in all_params:
-            problems.append(f"trainable parameter {name!r} is missing")
-        else:
-            params[name] = jnp.asarray(np.asarray(all_params[name]))
-    for name in frozen_names:
-        if name not in all_params:
-            problems.append(f"frozen parameter {name!r} is missing")
-        else:
-            frozen[name] = jnp.asarray(np.asarray(all_params[name]))
+    for names, into, kind in ((trainable_names, params, "trainable"), (frozen_names, frozen, "frozen")):
+        for name in names:
+            if name not in all_params:
+                problems.append(f"{kind} parameter {name!r} is missing")
+            else:
+                into[name] = jnp.asarray(np.asarray(all_params[name]))
     extra = [n for n in all_params if n not in params and n not in frozen]
     if extra:
         problems.append(f"the checkpoint has parameters the model does not use: {extra}")
     if problems:
         raise CheckpointError("checkpoint does not match the training model: " + "; ".join(problems))
-
-    grads = {n: jnp.zeros(p.shape, p.dtype) for n, p in params.items()}
-    lr = default_learning_rate
-    initial_lr = default_learning_rate
-    step = 0
-    opt_state = optimizer.init(params) if optimizer is not None else ()
-    groups = tuple(getattr(ckpt, "optimizer_groups", ()) or ())
-    if optimizer is not None and groups:
-        group = groups[0]
-        step = int(group.step)
-        initial_lr = float(group.initial_learning_rate)
-        lr = initial_lr
-        moments = {}
-        states = group.states
-        for mname in optimizer.moment_names:
-            if optimizer.optimizer_type == "SGD":
-                break  # SGDOptimizerV2 keeps no moments; ORT saves zeros
-            tree = {}
-            for pname, p in params.items():
-                value = states.get(pname, {}).get(mname)
-                if value is None:
-                    problems.append(f"optimizer state {mname!r} of {pname!r} is missing")
-                    continue
-                value = np.asarray(value)
-                if value.shape != p.shape:
-                    problems.append(f"optimizer state {mname!r} of {pname!r} has shape "
-                                    f"{list(value.shape)}, the parameter {list(p.shape)}")
-                    continue
-                tree[pname] = jnp.asarray(value, jnp.float32)
-            moments[mname] = tree
-        if problems:
-            raise CheckpointError("checkpoint optimizer state does not match: " + "; ".join(problems))
-        opt_state = optimizer.with_moments(opt_state, moments, step)
-    return TrainState(
+    state = TrainState(
         params=params,
         frozen=frozen,
-        grads=grads,
+        grads={n: jnp.zeros(p.shape, p.dtype) for n, p in params.items()},
         accumulate=jnp.asarray(False),
-        opt_state=opt_state,
-        step=jnp.asarray(step, jnp.int32),
-        learning_rate=_to_f32_scalar(lr),
-        initial_learning_rate=_to_f32_scalar(initial_lr),
+        opt_state=(),
+        learning_rate=_to_f32_scalar(default_learning_rate),
+        initial_learning_rate=_to_f32_scalar(default_learning_rate),
         rng=jax.random.PRNGKey(int(seed)),
-        properties=dict(getattr(ckpt, "properties", {}) or {}),
     )
+    return restore_optimizer_state(state, optimizer, tuple(getattr(ckpt, "optimizer_groups", ()) or ()),
+                                   default_learning_rate=default_learning_rate)
+
+
+def restore_optimizer_state(state: TrainState, optimizer, groups: Sequence = (), *,
+                            default_learning_rate: float = 1e-3) -> TrainState:
+    """Returns ``state`` with the optimizer's state from a checkpoint's first optimizer group.
+
+    Without a group the optimizer starts fresh at ``default_learning_rate``;
+    with one, its step and moments are restored and the learning rate is the
+    group's ``initial_learning_rate``. Parameters, gradients and the PRNG key
+    are kept, so this also adds an optimizer to a state made without one.
+
+    Args:
+      state: the state.
+      optimizer: an ``OrtOptimizer``, or None (the state then has none).
+      groups: the checkpoint's ``optimizer_groups``.
+      default_learning_rate: the learning rate of a fresh optimizer.
+
+    Returns:
+      The new state.
+
+    Raises:
+      CheckpointError: the group's moments do not match the parameters.
+    """
+    if optimizer is None:
+        return state.replace(opt_state=())
+    lr = default_learning_rate
+    if groups:
+        group = groups[0]
+        opt_state = optimizer.restore(state.params, group.states, int(group.step))
+        lr = float(group.initial_learning_rate)
+    else:
+        opt_state = optimizer.init(state.params)
+    return state.replace(opt_state=opt_state, learning_rate=_to_f32_scalar(lr),
+                         initial_learning_rate=_to_f32_scalar(lr))
 
 
 def state_to_checkpoint(state: TrainState, optimizer, *, include_optimizer_state: bool = True,
-                        group_name: str = "group0"):
-    """Converts a TrainState to a ``jaxort.checkpoint.CheckpointState``.
+                        group_name: str = "group0", properties=None):
+    """Converts a TrainState to a ``jaxort.checkpoint.Checkpoint``.
 
     Parameters and optimizer states are ordered by name, as ONNX Runtime
     1.19.2 writes them in the checkpoints it saves.
@@ -329,31 +285,21 @@ def state_to_checkpoint(state: TrainState, optimizer, *, include_optimizer_state
       state: the state.
       optimizer: the program's ``OrtOptimizer`` (or None).
       include_optimizer_state: add the optimizer group ("group0", ORT's name):
-        step, initial learning rate, and per parameter ``momentum0``
-        (and ``momentum1`` for AdamW); SGD's ``momentum0`` is zeros, as ORT saves.
+        step, initial learning rate, and the optimizer's per-parameter states
+        (``momentum0``, and ``momentum1`` for AdamW).
       group_name: the optimizer group name.
+      properties: the property bag to save with it (name -> int, float or str).
 
     Returns:
-      The checkpoint state (numpy arrays).
+      The checkpoint (numpy arrays).
     """
     trainable = {n: np.asarray(state.params[n]) for n in sorted(state.params)}
     frozen = {n: np.asarray(state.frozen[n]) for n in sorted(state.frozen)}
     groups = ()
     if include_optimizer_state and optimizer is not None:
-        moments = optimizer.moments(state.opt_state)
-        states = {}
-        for pname in sorted(state.params):
-            entry = {}
-            for mname in optimizer.moment_names:
-                tree = moments.get(mname)
-                if tree is None:
-                    entry[mname] = np.zeros(np.shape(state.params[pname]), np.float32)
-                else:
-                    entry[mname] = np.asarray(tree[pname])
-            states[pname] = entry
         groups = (ckpt_lib.OptimizerGroup(
             name=group_name, step=int(state.step),
             initial_learning_rate=float(np.float32(state.initial_learning_rate)),
-            states=states),)
-    return ckpt_lib.CheckpointState(trainable=trainable, frozen=frozen, optimizer_groups=groups,
-                                    properties=dict(state.properties))
+            states=optimizer.checkpoint_states(state.opt_state, state.params)),)
+    return ckpt_lib.Checkpoint(trainable=trainable, frozen=frozen, optimizer_groups=groups,
+                               properties=dict(properties or {}))

@@ -75,7 +75,7 @@ def _load_case(case: str) -> tuple[dict, dict, dict]:
 def _generate(case: str, info: dict, out: pathlib.Path) -> None:
     import onnx
 
-    from jaxort.artifacts import LossType, OptimType, generate_artifacts
+    from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
 
     model = onnx.load(str(ORT_API / case / "model.onnx"))
     params = [t.name for t in model.graph.initializer]

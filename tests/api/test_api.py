@@ -255,7 +255,7 @@ def test_checkpoint_with_optimizer_state_matches_ort_bytes(make, tmp_path):
 @pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
 def test_copy_buffer_to_parameters(make, tmp_path, trainable_only, optimizer):
     """ORT's test with a frozen fc1: the buffer round trip restores the parameters."""
-    from jaxort.artifacts import LossType, OptimType, generate_artifacts
+    from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
 
     frozen = make("frozen_sgd", "ort")
     out = tmp_path / optimizer

@@ -1,4 +1,4 @@
-"""jaxort.artifacts.generate_artifacts against ONNX Runtime Training's files.
+"""jaxort.training.artifacts.generate_artifacts against ONNX Runtime Training's files.
 
 References: tests/fixtures/golden/ (ORT 1.19.2's artifacts for five models)
 and tests/fixtures/ort_generated/ (ORT's artifacts for four more, written by
@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from jaxort import checkpoint as ckpt
-from jaxort.artifacts import LossType, OptimType, generate_artifacts
+from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
 from jaxort.errors import TrainingError
 from jaxort.graph import JaxGraph
 from jaxort.training import TrainProgram, set_learning_rate
@@ -29,7 +29,7 @@ from jaxort.training.artifacts import (
     build_optimizer_model,
     build_training_model,
 )
-from jaxort.training.export import trim_inference_batchnorm_outputs
+from jaxort.training.artifacts import trim_inference_batchnorm_outputs
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = FIXTURES / "golden"
@@ -197,7 +197,7 @@ def test_loss_equals_ort_eval_model_on_golden(case, tmp_path):
 
     program = TrainProgram.from_artifacts(arts.training_model, arts.eval_model,
                                           arts.optimizer_model, checkpoint=ckpt.load(arts.checkpoint))
-    state = program.init_state(ckpt.CheckpointState(
+    state = program.init_state(ckpt.Checkpoint(
         trainable={n: params[n] for n in trainable}, frozen={n: params[n] for n in frozen}))
     names = program.eval_input_names
     (jax_loss,) = program.eval_step(state, *[feeds[n] for n in names])

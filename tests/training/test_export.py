@@ -11,10 +11,10 @@ import pytest
 from onnx import numpy_helper
 
 from jaxort import checkpoint as ckpt
-from jaxort.artifacts import LossType, OptimType, generate_artifacts
+from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
 from jaxort.errors import InputError, TrainingError
 from jaxort.training import TrainProgram, set_learning_rate
-from jaxort.training.export import export_model_for_inferencing
+from jaxort.training.artifacts import export_model_for_inferencing
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = FIXTURES / "golden" / "mlp_adamw"

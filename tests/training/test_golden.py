@@ -146,9 +146,9 @@ def test_checkpoint_equals_ort(replayed):
     case, rec = replayed
     m = _manifest(case)
     want = ckpt.load(GOLDEN / case / "ckpt_after_with_opt")
-    state = rec["state"].replace(properties={"epoch": 6, "best_metric": 0.125,
-                                             "run_name": "golden-run"})
-    got = rec["program"].to_checkpoint(state, include_optimizer_state=True)
+    got = rec["program"].to_checkpoint(rec["state"], include_optimizer_state=True,
+                                       properties={"epoch": 6, "best_metric": 0.125,
+                                                   "run_name": "golden-run"})
     assert list(got.trainable) == list(want.trainable)
     assert list(got.frozen) == list(want.frozen)
     for name in want.trainable:

@@ -18,7 +18,8 @@ parameters as initializers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+import inspect
+from typing import Callable, Iterable, Sequence
 
 import onnx
 
@@ -29,14 +30,66 @@ __all__ = [
     "GRAD_BUFFER_SUFFIX",
     "GRAD_OUTPUT_SUFFIX",
     "LAZY_RESET_GRAD",
+    "CUSTOM_LOSS_KEY",
+    "CUSTOM_LOSS_LABELS_KEY",
     "TrainingModelInfo",
+    "custom_loss",
     "describe_training_model",
+    "loss_label_names",
     "slice_model",
 ]
 
 GRAD_BUFFER_SUFFIX = "_grad.accumulation.buffer"
 GRAD_OUTPUT_SUFFIX = "_grad.accumulation.out"
 LAZY_RESET_GRAD = "lazy_reset_grad"
+
+# Metadata of a training model generated with a JAX callable loss: the
+# callable's name and its label inputs. The model ends before the loss, so
+# :func:`custom_loss` lets a reader refuse to train it without the callable.
+CUSTOM_LOSS_KEY = "jaxort.custom_loss"
+CUSTOM_LOSS_LABELS_KEY = "jaxort.custom_loss.label_names"
+
+
+def loss_label_names(loss_fn: Callable, n_outputs: int) -> tuple:
+    """The label names a JAX loss takes: its positional parameters after the model outputs.
+
+    ``loss_fn(*model_outputs, *labels) -> scalar``; parameters with defaults
+    are options, not labels.
+
+    Args:
+      loss_fn: the loss.
+      n_outputs: how many model outputs it takes first.
+
+    Returns:
+      The label names, in order.
+
+    Raises:
+      TrainingError: the signature cannot be read (pass the names explicitly).
+    """
+    try:
+        params = list(inspect.signature(loss_fn).parameters.values())
+    except (TypeError, ValueError):
+        raise TrainingError(f"cannot read the parameters of the loss {loss_fn!r}; pass label_names") from None
+    names = [p.name for p in params
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    return tuple(names[n_outputs:])
+
+
+def custom_loss(model: onnx.ModelProto) -> tuple[str, tuple] | None:
+    """The JAX loss a training model was generated with, as ``(name, label_names)``, or None.
+
+    Args:
+      model: a training or eval model.
+
+    Returns:
+      None for models that compute their loss; otherwise the callable's name
+      and the label inputs it takes, read from the model's metadata.
+    """
+    props = {p.key: p.value for p in model.metadata_props}
+    if CUSTOM_LOSS_KEY not in props:
+        return None
+    labels = props.get(CUSTOM_LOSS_LABELS_KEY, "")
+    return props[CUSTOM_LOSS_KEY], tuple(n for n in labels.split(",") if n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +116,6 @@ class TrainingModelInfo:
 def _graph_inputs(model: onnx.ModelProto) -> list:
     inits = {t.name for t in model.graph.initializer}
     return [i for i in model.graph.input if i.name not in inits]
-
-
-def _static_shape(vi: onnx.ValueInfoProto) -> bool:
-    tt = vi.type.tensor_type
-    if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
-        return False
-    return all(d.HasField("dim_value") for d in tt.shape.dim)
 
 
 def describe_training_model(

@@ -24,7 +24,7 @@ training mode loses its unused running-statistics outputs. ORT 1.19.2 keeps
 them, and then neither onnxruntime inference nor ORT's own ``Module`` loads
 its eval model.
 
-This module belongs to the training layer: it imports the graph and
+Part of the training layer: it imports the graph and
 checkpoint layers, never the facades.
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-import inspect
 import os
 import pathlib
 from collections.abc import Callable, Sequence
@@ -45,12 +44,11 @@ from onnx import TensorProto, helper
 from jaxort import checkpoint as _ckpt
 from jaxort.errors import TrainingError
 from jaxort.graph import load_model
-from jaxort.training.export import trim_inference_batchnorm_outputs
+from jaxort.training.artifacts.export import trim_inference_batchnorm_outputs
+from jaxort.training.artifacts.read import CUSTOM_LOSS_KEY, CUSTOM_LOSS_LABELS_KEY, loss_label_names
 
 __all__ = [
     "Artifacts",
-    "CUSTOM_LOSS_KEY",
-    "CUSTOM_LOSS_LABELS_KEY",
     "LossType",
     "OptimType",
     "build_eval_model",
@@ -59,10 +57,6 @@ __all__ = [
     "generate_artifacts",
 ]
 
-# Metadata keys a training model written with a JAX callable loss carries, so
-# a reader can refuse to train it without that callable.
-CUSTOM_LOSS_KEY = "jaxort.custom_loss"
-CUSTOM_LOSS_LABELS_KEY = "jaxort.custom_loss.label_names"
 
 # onnxruntime-training 1.19.2 reads models up to IR version 10 (ONNX 1.16)
 # and writes its optimizer model with ONNX 1.16's IR_VERSION, 10.
@@ -328,15 +322,6 @@ def _ort_readable_ir(model: onnx.ModelProto) -> None:
     model.ir_version = max(needed, min(model.ir_version, _ORT_MAX_IR_VERSION))
 
 
-def _custom_label_names(loss: Callable, n_scores: int) -> tuple:
-    try:
-        params = list(inspect.signature(loss).parameters.values())
-    except (TypeError, ValueError):
-        return ()
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return tuple(p.name for p in positional[n_scores:])
-
-
 @dataclasses.dataclass
 class _Built:
     training_model: onnx.ModelProto
@@ -375,7 +360,7 @@ def _build(model, requires_grad, frozen_params, loss, additional_output_names, l
     _register_outputs(inferred, outputs + extra)
     label_names = tuple(i.name for i in inferred.graph.input[n_inputs:])
     if custom:
-        label_names = _custom_label_names(loss, len(scores))
+        label_names = loss_label_names(loss, len(scores))
     trainable_list = [t for t in inferred.graph.initializer if t.name in trainable]
     frozen_list = [t for t in inferred.graph.initializer if t.name in frozen]
     _move_initializers_to_inputs(inferred, trainable | frozen)

@@ -1,0 +1,529 @@
+"""SessionState: a checkpoint state and the training session over it, as one immutable value.
+
+ONNX Runtime's training API shares one checkpoint state between the state
+handle and the session made from it: parameters read through the handle are
+the session's current ones, a second session takes the state over, and a
+released session leaves its values in the state. :class:`SessionState` is all
+of that as one value. Every operation is a method that returns a new value
+(or a result); the two facades, :mod:`jaxort.session` (ORT's C API) and
+:mod:`jaxort.api` (``onnxruntime.training.api``), each hold one in their
+state handle and replace it after every call, so they hold no logic of
+their own.
+
+Two things are process-wide in ORT, and jaxort keeps each in one explicit
+object of this module: the random seed set by ``SetSeed``
+(:data:`PROCESS_SEED`, a :class:`ProcessSeed`), and, in the role of ORT's
+session cache, the compiled programs of artifacts already seen
+(:data:`PROGRAMS`, a :class:`ProgramCache`), so that re-creating a session over
+the same files does not recompile.
+
+Part of the training layer: imports the checkpoint and graph layers and the
+rest of training, never the facades.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import onnx
+
+from jaxort import checkpoint as ckpt
+from jaxort.errors import InputError, StateError, UnknownNameError
+from jaxort.graph import load_model
+from jaxort.training.artifacts.export import export_model_for_inferencing
+from jaxort.training.layout import ParameterLayout
+from jaxort.training.program import TrainProgram
+from jaxort.training.schedules import linear_lr_schedule
+from jaxort.training.state import TrainState, apply_schedule, set_initial_learning_rate, set_learning_rate
+from jaxort.training.state import set_seed as _reseed
+
+__all__ = ["PROCESS_SEED", "PROGRAMS", "ProcessSeed", "ProgramCache", "SessionState"]
+
+_NOMINAL_STEP = ("Cannot run a step with a nominal checkpoint state: its parameters have no values. "
+                 "Please load the model parameters first (copy_buffer_to_parameters with "
+                 "trainable_only=False).")
+
+
+class ProgramCache:
+    """Compiled :class:`TrainProgram` s keyed by the content of their artifacts (an LRU).
+
+    Programs hold no training state, so sessions over the same files may
+    share one and compile once.
+
+    Args:
+      size: how many programs to keep.
+    """
+
+    def __init__(self, size: int = 16):
+        self._size = int(size)
+        self._programs: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, training_model, eval_model, optimizer_model, checkpoint: ckpt.Checkpoint) -> TrainProgram:
+        """The program for these artifacts and the checkpoint's parameter names.
+
+        Args:
+          training_model, eval_model, optimizer_model: paths, bytes or
+            ModelProtos (eval and optimizer may be None).
+          checkpoint: tells parameters from user inputs, as in ORT.
+
+        Returns:
+          A cached or new program.
+        """
+        protos = [None if m is None else load_model(m, check=False)
+                  for m in (training_model, eval_model, optimizer_model)]
+        digest = hashlib.sha256()
+        for proto in protos:
+            digest.update(b"-" if proto is None else hashlib.sha256(proto.SerializeToString()).digest())
+        digest.update(repr((list(checkpoint.trainable), list(checkpoint.frozen))).encode())
+        key = digest.digest()
+        with self._lock:
+            program = self._programs.get(key)
+            if program is not None:
+                self._programs.move_to_end(key)
+                return program
+        program = TrainProgram.from_artifacts(*protos, checkpoint=checkpoint)
+        with self._lock:
+            self._programs[key] = program
+            while len(self._programs) > self._size:
+                self._programs.popitem(last=False)
+        return program
+
+    def clear(self) -> None:
+        """Forgets every program."""
+        with self._lock:
+            self._programs.clear()
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+
+class ProcessSeed:
+    """The process-wide seed of ORT's ``SetSeed``: sessions created later start from it, live ones follow it.
+
+    ``generation`` counts the calls to :meth:`set`, so a session can tell it
+    has not yet followed the latest one (:meth:`SessionState.follow_seed`).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seed: Optional[int] = None
+        self._generation = 0
+
+    def set(self, seed: int) -> None:
+        """Sets the seed."""
+        with self._lock:
+            self._seed = int(seed)
+            self._generation += 1
+
+    def get(self) -> tuple[Optional[int], int]:
+        """``(seed or None if never set, generation)``."""
+        with self._lock:
+            return self._seed, self._generation
+
+
+PROGRAMS = ProgramCache()
+PROCESS_SEED = ProcessSeed()
+
+
+def _host_inputs(inputs: Sequence[Any], names: Sequence[str], what: str) -> list:
+    if len(inputs) != len(names):
+        raise InputError(f"{what} takes {len(names)} inputs {list(names)}, given {len(inputs)}")
+    return [x if isinstance(x, jax.Array) else np.asarray(x) for x in inputs]
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionState:
+    """A checkpoint state, and the session over it when there is one.
+
+    Attributes:
+      checkpoint: the parameters while no session holds them (and while
+        nominal), and the optimizer groups a later optimizer restores from.
+      properties: the property bag, name -> int, float or str (normalized
+        by :func:`jaxort.checkpoint.normalize_property`).
+      program: the session's compiled program, or None without a session.
+      layout: the session's parameter layout (ORT's buffer order).
+      train: the session's :class:`TrainState`; None without a session or
+        while the state is nominal.
+      device: the JAX device holding ``train``.
+      owner: an opaque token of the facade object that owns the session;
+        another owner's calls are refused (:meth:`require_owner`).
+      seed: the seed of the session's random ops.
+      seed_generation: the :class:`ProcessSeed` generation last followed.
+      has_grads: a train step ran in this session.
+      schedule: the registered learning-rate schedule, or None.
+    """
+
+    checkpoint: ckpt.Checkpoint
+    properties: Mapping = dataclasses.field(default_factory=dict)
+    program: Optional[TrainProgram] = None
+    layout: Optional[ParameterLayout] = None
+    train: Optional[TrainState] = None
+    device: Any = None
+    owner: Any = None
+    seed: int = 0
+    seed_generation: int = 0
+    has_grads: bool = False
+    schedule: Optional[Callable] = None
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: ckpt.Checkpoint) -> "SessionState":
+        """A state without a session, from a loaded checkpoint.
+
+        Raises:
+          InputError: not a ``jaxort.checkpoint.Checkpoint``, or an invalid property.
+        """
+        if not isinstance(checkpoint, ckpt.Checkpoint):
+            raise InputError(f"expected a jaxort.checkpoint.Checkpoint, got {type(checkpoint).__name__}")
+        props = {name: ckpt.normalize_property(name, value) for name, value in checkpoint.properties.items()}
+        return cls(checkpoint=checkpoint.replace(properties={}), properties=props)
+
+    def replace(self, **changes) -> "SessionState":
+        """Returns a copy with the given fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+    # Parameters ---------------------------------------------------------------
+
+    @property
+    def is_nominal(self) -> bool:
+        """True while the parameters have no values (a nominal checkpoint not yet filled)."""
+        return self.train is None and self.checkpoint.is_nominal
+
+    def parameter_names(self) -> list[str]:
+        """Parameter names, sorted (ORT 1.19.2 lists them sorted)."""
+        return sorted(list(self.checkpoint.trainable) + list(self.checkpoint.frozen))
+
+    def has_parameter(self, name: str) -> bool:
+        """Whether ``name`` is a parameter."""
+        return name in self.checkpoint.trainable or name in self.checkpoint.frozen
+
+    def check_parameter(self, name: str) -> None:
+        """Raises UnknownNameError (a KeyError) unless ``name`` is a parameter."""
+        if not self.has_parameter(name):
+            raise UnknownNameError(f"Parameter {name} not found.")
+
+    def check_values(self, action: str) -> None:
+        """Raises StateError while nominal; ``action`` says what could not be done."""
+        if self.is_nominal:
+            raise StateError(f"Cannot {action} a nominal checkpoint state: its parameters have no values. "
+                             "Please load the parameter states first (copy_buffer_to_parameters with "
+                             "trainable_only=False).")
+
+    def requires_grad(self, name: str) -> bool:
+        """Whether the parameter is trainable."""
+        self.check_parameter(name)
+        return name in self.checkpoint.trainable
+
+    def parameter(self, name: str) -> np.ndarray:
+        """The parameter's current value (a numpy copy).
+
+        Raises:
+          UnknownNameError: no such parameter.
+          StateError: the state is nominal.
+        """
+        self.check_parameter(name)
+        self.check_values("get a parameter from")
+        if self.train is not None:
+            return np.array(self.train.parameters[name])
+        return np.array(self.checkpoint.parameters[name])
+
+    def gradient(self, name: str) -> Optional[np.ndarray]:
+        """The accumulated gradient of a trainable parameter; None for frozen ones or without a session."""
+        self.check_parameter(name)
+        self.check_values("get a gradient from")
+        if self.train is None or name not in self.train.grads:
+            return None
+        return np.array(self.train.grads[name])
+
+    def parameter_type_and_shape(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+        """The parameter's dtype and shape (works on nominal states)."""
+        self.check_parameter(name)
+        if self.layout is not None:
+            return self.layout.dtypes[name], self.layout.shapes[name]
+        value = self.checkpoint.parameters[name]
+        return np.dtype(value.dtype), tuple(value.shape)
+
+    def update_parameter(self, name: str, value: Any) -> "SessionState":
+        """Replaces a parameter's value; its shape and dtype must match.
+
+        Raises:
+          UnknownNameError: no such parameter.
+          InputError: wrong shape or dtype.
+          StateError: the state is nominal.
+        """
+        self.check_parameter(name)
+        if self.is_nominal:
+            raise StateError("Cannot update a parameter of a nominal checkpoint state. Please load all the "
+                             "parameter states first (copy_buffer_to_parameters with trainable_only=False).")
+        dtype, shape = self.parameter_type_and_shape(name)
+        array = np.asarray(value)
+        if array.dtype != dtype or tuple(array.shape) != shape:
+            raise InputError(f"parameter {name!r}: expected shape {shape} and dtype {dtype}, "
+                             f"given shape {tuple(array.shape)} and dtype {array.dtype}")
+        return self._with_values({name: array.copy()})
+
+    def _with_values(self, values: Mapping[str, np.ndarray]) -> "SessionState":
+        if self.train is not None:
+            placed = jax.device_put(dict(values), self.device)
+            st = self.train
+            return self.replace(train=st.replace(
+                params={**st.params, **{k: v for k, v in placed.items() if k in st.params}},
+                frozen={**st.frozen, **{k: v for k, v in placed.items() if k in st.frozen}}))
+        cp = self.checkpoint
+        return self.replace(checkpoint=cp.replace(
+            trainable={**cp.trainable, **{k: v for k, v in values.items() if k in cp.trainable}},
+            frozen={**cp.frozen, **{k: v for k, v in values.items() if k in cp.frozen}}))
+
+    # Properties ---------------------------------------------------------------
+
+    def add_property(self, name: str, value: Any) -> "SessionState":
+        """Adds or replaces a property: int (int64), float (stored as float32) or str."""
+        return self.replace(properties={**self.properties, name: ckpt.normalize_property(name, value)})
+
+    def get_property(self, name: str):
+        """A property's value.
+
+        Raises:
+          UnknownNameError: no such property.
+        """
+        if name not in self.properties:
+            raise UnknownNameError(f"Property {name} not found.")
+        return self.properties[name]
+
+    def property_names(self) -> list[str]:
+        """Property names, sorted (ORT 1.19.2 lists them sorted)."""
+        return sorted(self.properties)
+
+    def to_checkpoint(self, include_optimizer_state: bool = False) -> ckpt.Checkpoint:
+        """The state as it would be saved: parameters, optimizer group when asked for, properties."""
+        if self.train is not None:
+            data = self.program.to_checkpoint(self.train, include_optimizer_state)
+        else:
+            data = self.checkpoint if include_optimizer_state else self.checkpoint.replace(optimizer_groups=())
+        return data.replace(properties=dict(self.properties))
+
+    # Sessions -----------------------------------------------------------------
+
+    def attach(self, program: TrainProgram, *, device, owner: Any) -> "SessionState":
+        """Starts a session: ``owner``'s, over ``program``, on ``device``.
+
+        A session that held the state is detached first, so the new one
+        starts from the current values. The seed is the process seed if one
+        was set (ORT's SetSeed), else 0.
+
+        Raises:
+          CheckpointError: the checkpoint does not match the training model.
+        """
+        base = self.detach()
+        seed, generation = PROCESS_SEED.get()
+        seed = 0 if seed is None else seed
+        layout = ParameterLayout.from_model(program.training_model, program.trainable_names,
+                                            program.frozen_names)
+        train = None
+        if not base.checkpoint.is_nominal:
+            train = jax.device_put(program.init_state(base.checkpoint, seed=seed), device)
+        return base.replace(program=program, layout=layout, train=train, device=device, owner=owner,
+                            seed=seed, seed_generation=generation, has_grads=False, schedule=None)
+
+    def detach(self) -> "SessionState":
+        """Ends the session: its current values (and optimizer state) go back into ``checkpoint``."""
+        if self.program is None:
+            return self
+        checkpoint = self.checkpoint
+        if self.train is not None:
+            checkpoint = self.program.to_checkpoint(self.train, include_optimizer_state=True)
+            if not self.program.has_optimizer:
+                checkpoint = checkpoint.replace(optimizer_groups=self.checkpoint.optimizer_groups)
+        return self.replace(checkpoint=checkpoint, program=None, layout=None, train=None, device=None,
+                            owner=None, has_grads=False, schedule=None)
+
+    def require_owner(self, owner: Any) -> None:
+        """Raises StateError unless ``owner``'s session holds the state."""
+        if self.owner is not owner:
+            raise StateError("the checkpoint state is now used by another TrainingSession")
+
+    def with_optimizer(self, program: TrainProgram) -> "SessionState":
+        """Gives the session an optimizer (``program``, the same models plus one).
+
+        Parameters, gradients and the PRNG key carry over; the optimizer
+        state starts from the checkpoint's optimizer group if it has one.
+        """
+        train = self.train
+        if train is not None:
+            train = jax.device_put(program.add_optimizer_state(train, self.checkpoint.optimizer_groups),
+                                   self.device)
+        return self.replace(program=program, train=train, schedule=None)
+
+    def follow_seed(self) -> "SessionState":
+        """Reseeds the session if ORT's process-wide SetSeed was called since it last looked."""
+        seed, generation = PROCESS_SEED.get()
+        if generation == self.seed_generation or seed is None:
+            return self
+        return self.set_seed(seed).replace(seed_generation=generation)
+
+    def set_seed(self, seed: int) -> "SessionState":
+        """Reseeds the session's random training-mode ops (Dropout)."""
+        seed = int(seed)
+        train = self.train
+        if train is not None:
+            train = jax.device_put(_reseed(train, seed), self.device)
+        return self.replace(seed=seed, train=train)
+
+    def _live(self) -> TrainState:
+        if self.train is None:
+            raise StateError(_NOMINAL_STEP)
+        return self.train
+
+    # Steps --------------------------------------------------------------------
+
+    def train_step(self, inputs: Sequence[Any]) -> tuple["SessionState", tuple]:
+        """One training step; returns the new state and the outputs (numpy, loss first)."""
+        st = self._live()
+        args = _host_inputs(inputs, self.program.input_names, "the training model")
+        st, outputs = self.program.train_step(st, *args)
+        return self.replace(train=st, has_grads=True), tuple(np.asarray(o) for o in outputs)
+
+    def eval_step(self, inputs: Sequence[Any]) -> tuple:
+        """The eval model's outputs (numpy) on the current parameters."""
+        st = self._live()
+        if not self.program.has_eval_model:
+            raise StateError("Eval model was not provided: an eval step needs the session to be created "
+                             "with an eval model")
+        args = _host_inputs(inputs, self.program.eval_input_names, "the eval model")
+        return tuple(np.asarray(o) for o in self.program.eval_step(st, *args))
+
+    def lazy_reset_grad(self) -> "SessionState":
+        """The next train step overwrites the gradients instead of adding to them."""
+        return self.replace(train=self.program.lazy_reset_grad(self._live()))
+
+    def optimizer_step(self) -> "SessionState":
+        """Applies the optimizer to the accumulated gradients (kept as they are).
+
+        Raises:
+          StateError: no optimizer, or no train step yet in this session
+            (ORT 1.19.2 would step on zero gradients).
+        """
+        st = self._live()
+        if not self.program.has_optimizer:
+            raise StateError("No optimizer model was provided: an optimizer step needs the session to be "
+                             "created with an optimizer model")
+        if not self.has_grads:
+            raise StateError("optimizer step before any train step: there are no gradients to apply yet; "
+                             "call train_step first")
+        return self.replace(train=self.program.optimizer_step(st))
+
+    # Learning rate ------------------------------------------------------------
+
+    def _check_optimizer(self, action: str) -> TrainState:
+        if not self.program.has_optimizer:
+            raise StateError(f"Cannot {action}: the session has no optimizer model")
+        return self._live()
+
+    def set_learning_rate(self, learning_rate: Any) -> "SessionState":
+        """Sets the learning rate of the next optimizer steps.
+
+        Raises:
+          InputError: not a finite number.
+        """
+        st = self._check_optimizer("set the learning rate")
+        return self.replace(train=set_learning_rate(st, _finite_float(learning_rate, "learning rate")))
+
+    def learning_rate(self) -> float:
+        """The current learning rate (a float32 value)."""
+        return float(self._check_optimizer("get the learning rate").learning_rate)
+
+    def register_linear_lr_scheduler(self, warmup_step_count: Any, total_step_count: Any,
+                                     initial_lr: Any) -> "SessionState":
+        """Registers ORT's linear warmup/decay schedule and sets the learning rate for the current step."""
+        st = self._check_optimizer("register a learning rate scheduler")
+        counts = [_count(v, what) for v, what in ((warmup_step_count, "warmup_step_count"),
+                                                    (total_step_count, "total_step_count"))]
+        lr = _finite_float(initial_lr, "initial_lr")
+        schedule = linear_lr_schedule(lr, *counts)
+        st = apply_schedule(set_initial_learning_rate(st, lr), schedule)
+        return self.replace(train=st, schedule=schedule)
+
+    def scheduler_step(self) -> "SessionState":
+        """Recomputes the learning rate from the optimizer step count.
+
+        Raises:
+          StateError: no scheduler was registered.
+        """
+        if self.schedule is None:
+            raise StateError("No learning rate scheduler was registered; call register_linear_lr_scheduler "
+                             "first")
+        return self.replace(train=apply_schedule(self._live(), self.schedule))
+
+    # Buffers and export -------------------------------------------------------
+
+    def parameters_size(self, trainable_only: bool) -> int:
+        """Elements of a parameter buffer (works on nominal states)."""
+        return self.layout.size(bool(trainable_only))
+
+    def parameters_to_buffer(self, trainable_only: bool) -> np.ndarray:
+        """The parameters as one float32 vector in the training model's input order.
+
+        Raises:
+          StateError: the state is nominal.
+        """
+        if self.train is None:
+            raise StateError("Cannot copy parameters from a nominal checkpoint state. Please load the model "
+                             "parameters first.")
+        names = self.layout.buffer_names(bool(trainable_only))
+        values = jax.device_get({n: self.train.parameters[n] for n in names})
+        return self.layout.flatten(values, bool(trainable_only))
+
+    def buffer_to_parameters(self, buffer: Any, trainable_only: bool) -> "SessionState":
+        """Sets parameters from one float32 vector; on a nominal state this loads them all.
+
+        Raises:
+          InputError: wrong size or dtype.
+          StateError: ``trainable_only`` on a nominal state.
+        """
+        values = self.layout.unflatten(buffer, bool(trainable_only))
+        if self.train is not None:
+            return self._with_values(values)
+        if trainable_only:
+            raise StateError("For a nominal checkpoint state, all parameters need to be loaded into the "
+                             "model (trainable_only = false).")
+        cp = self.checkpoint
+        data = cp.replace(trainable={n: values[n] for n in cp.trainable},
+                          frozen={n: values[n] for n in cp.frozen}, is_nominal=False)
+        train = jax.device_put(self.program.init_state(data, seed=self.seed), self.device)
+        return self.replace(checkpoint=data, train=train)
+
+    def export_model(self, output_names: Sequence[str]) -> onnx.ModelProto:
+        """The inference model: the eval graph up to ``output_names`` with the current parameters.
+
+        Raises:
+          StateError: no eval model, or a nominal state.
+          TrainingError: an unknown output name.
+        """
+        st = self._live()
+        if not self.program.has_eval_model:
+            raise StateError("Eval model was not provided. Cannot export a model for inferencing.")
+        params = jax.device_get(st.parameters)
+        return export_model_for_inferencing(self.program.eval_model, params, list(output_names))
+
+
+def _finite_float(value: Any, what: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        if not (isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0):
+            raise InputError(f"{what} must be a number, got {value!r}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise InputError(f"{what} must be finite, got {value}")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InputError(f"{what} must be an integer, got {value!r}")
+    return int(value)
