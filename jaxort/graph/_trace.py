@@ -148,6 +148,7 @@ class _Runtime:
     updates: dict | None
     opsets: dict
     functions: dict
+    x64: bool = True  # JAX computes float64 as float64 (see _require_x64)
 
 
 class Subgraph:
@@ -370,8 +371,10 @@ def _run_function(node: _Node, args: list, runtime: _Runtime) -> tuple:
         opsets[_registry.normalize_domain(imp.domain)] = imp.version
     body = onnx.GraphProto()
     body.node.extend(_substitute_attrs(fproto, node.proto))
+    # The body's nodes are numbered from 0 under a key of their own, folded from
+    # the caller's key and index: every random node gets a distinct key, however
+    # many nodes the model has and however deep the expansion nests.
     prep = _Preparer(opsets, runtime.functions)
-    prep.counter = (node.index + 1) * 1000
     prog = prep.program(body, opsets=opsets, input_names=tuple(fproto.input),
                         output_names=tuple(fproto.output), constants={})
     env = {}
@@ -379,7 +382,8 @@ def _run_function(node: _Node, args: list, runtime: _Runtime) -> tuple:
         env[formal] = value
     for formal in fproto.input[len(args):]:
         env[formal] = None
-    sub_rt = dataclasses.replace(runtime, opsets=opsets)
+    key = None if runtime.key is None else jax.random.fold_in(runtime.key, node.index)
+    sub_rt = dataclasses.replace(runtime, opsets=opsets, key=key)
     _run_program(prog, env, sub_rt)
     return tuple(env.get(o) for o in fproto.output)
 
@@ -430,6 +434,10 @@ def _dispatch(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tuple
         kwargs["ctx"] = OpContext(node.name, node.opset, runtime.training, node.inputs,
                                   node.outputs, key, runtime.updates)
     fold = h.foldable and not node.subgraphs and all(is_static(a) for a in args)
+    if not fold and not runtime.x64:
+        for name, a in zip(node.inputs, args):
+            if isinstance(a, np.ndarray) and a.dtype in _WIDE_FLOATS:
+                raise ModelError(f"{node.describe}: {_x64_message('value', name, a.dtype)}")
     try:
         if fold:
             with jax.ensure_compile_time_eval(), x64_enabled_scope():
@@ -515,6 +523,22 @@ def backward_slice(nodes: Sequence[onnx.NodeProto], wanted: Sequence[str]) -> tu
 
 def _canonical(dtype) -> np.dtype:
     return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
+# Dtypes JAX narrows to 32 bits when its 64-bit mode is off.
+_WIDE_FLOATS = (np.dtype(np.float64), np.dtype(np.complex128))
+
+
+def _x64_enabled() -> bool:
+    return _canonical(np.float64) == np.float64
+
+
+def _x64_message(what: str, name: str, dtype) -> str:
+    return (
+        f"{what} {name!r} is {np.dtype(dtype)}, but JAX's 64-bit mode is off, so it would be "
+        f"computed in {_canonical(dtype)}; enable 64-bit types around the call with "
+        "`with jax.enable_x64(True):`, or for the whole program with "
+        "`jax.config.update(\"jax_enable_x64\", True)`")
 
 
 class JaxGraph:
@@ -670,6 +694,28 @@ class JaxGraph:
         for name, init in self.params.items():
             _check_value(TensorInfo(name, init.shape, init.dtype), params[name], "param")
 
+    def _require_x64(self) -> None:
+        """Refuses float64 values when JAX's 64-bit mode is off.
+
+        JAX would silently compute them in float32 and return float32, a wrong
+        answer for a model that asks for double precision. Raising beats turning
+        64-bit mode on behind the caller's back: that is a global JAX setting,
+        it would change the dtypes of the caller's own arrays and of everything
+        else jitted in the process. int64 is not refused: ONNX exporters use
+        it for labels, indices and shapes, whose values fit in int32 (shape
+        arithmetic is folded at trace time with 64-bit types anyway), and ONNX
+        Runtime training models rely on that.
+        """
+        for info in self.inputs:
+            if info.dtype in _WIDE_FLOATS:
+                raise InputError(_x64_message("input", info.name, info.dtype))
+        for name, info in self.param_input_info.items():
+            if info.dtype in _WIDE_FLOATS:
+                raise InputError(_x64_message("param", name, info.dtype))
+        for name, init in self.params.items():
+            if init.dtype in _WIDE_FLOATS:
+                raise InputError(_x64_message("param (initializer)", name, init.dtype))
+
     def apply_with_updates(self, params: Mapping, *inputs, rng=None, training: bool = False):
         """Like :meth:`apply`, and also returns state updates made by training-mode ops.
 
@@ -679,11 +725,14 @@ class JaxGraph:
         """
         self._check_inputs(inputs)
         self._check_params(params)
+        x64 = _x64_enabled()
+        if not x64:
+            self._require_x64()
         env = dict(self.constants)
         env.update(params)
         env.update(zip(self._program.input_names, inputs))
         updates = {}
-        runtime = _Runtime(training, rng, updates, self.opsets, self._functions)
+        runtime = _Runtime(training, rng, updates, self.opsets, self._functions, x64)
         _run_program(self._program, env, runtime)
         outs = tuple(_as_output(env[n]) for n in self._program.output_names)
         return outs, updates
@@ -703,7 +752,10 @@ class JaxGraph:
           A tuple with one array per output.
 
         Raises:
-          InputError: a missing, extra, or mis-shaped/mistyped input or param.
+          InputError: a missing, extra, or mis-shaped/mistyped input or param,
+            or a float64 one while JAX's 64-bit mode is off.
+          ModelError: a float64 constant reaches a traced op while 64-bit mode
+            is off (constants folded at trace time are fine).
           OpError: an op failed; the message names the node.
         """
         return self.apply_with_updates(params, *inputs, rng=rng, training=training)[0]

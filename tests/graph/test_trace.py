@@ -334,3 +334,129 @@ def test_traced_shape_input_error_names_node():
     with pytest.raises(OpError, match=r"ai.onnx::Reshape \(opset 17\), node 'the_reshape': "
                                       r"input 'shape' must be known at trace time"):
         jax.jit(g.apply)(g.params, np.zeros(6, np.float32), np.array([2, 3]))
+
+
+def test_error_inside_a_subgraph_names_the_inner_node_once():
+    inner = helper.make_node("Range", ["a", "b", "zero"], ["r"], name="inner_range")
+    branch = helper.make_graph([inner], "then", [],
+                               [helper.make_tensor_value_info("r", T.INT64, None)])
+    node = helper.make_node("If", ["c"], ["y"], name="outer_if", then_branch=branch,
+                            else_branch=branch)
+    model = _model([node], [], [helper.make_tensor_value_info("y", T.INT64, None)],
+                   [numpy_helper.from_array(np.array(True), "c"),
+                    numpy_helper.from_array(np.array(0, np.int64), "a"),
+                    numpy_helper.from_array(np.array(3, np.int64), "b"),
+                    numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    g = JaxGraph(model, check=False)
+    with pytest.raises(OpError) as err:
+        g.apply(g.params)
+    assert str(err.value) == "ai.onnx::Range (opset 17), node 'inner_range': delta is 0"
+
+
+# --------------------------------------------------------------------------- float64
+
+
+def _double_add():
+    a = np.array([1.0, 2.0 ** -40, -3.5])
+    inputs = [helper.make_tensor_value_info(n, T.DOUBLE, [3]) for n in "ab"]
+    model = _model([helper.make_node("Add", ["a", "b"], ["y"])], inputs,
+                   [helper.make_tensor_value_info("y", T.DOUBLE, [3])])
+    return model, a
+
+
+def test_double_model_computes_in_float64_with_x64():
+    model, a = _double_add()
+    b = np.array([1.0, 1.0, 2.0 ** -30])
+    g = JaxGraph(model)
+    with jax.enable_x64(True):
+        (y,) = jax.jit(g.apply)({}, a, b)
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(np.asarray(y), a + b)  # 1 + 2**-40 is not 1 in float64
+
+
+def test_double_input_without_x64_is_an_error_not_a_downcast():
+    model, a = _double_add()
+    g = JaxGraph(model)
+    with jax.enable_x64(False), pytest.raises(InputError) as err:
+        jax.jit(g.apply)({}, a, a)
+    assert str(err.value) == (
+        "input 'a' is float64, but JAX's 64-bit mode is off, so it would be computed in "
+        "float32; enable 64-bit types around the call with `with jax.enable_x64(True):`, or "
+        "for the whole program with `jax.config.update(\"jax_enable_x64\", True)`")
+
+
+def test_double_param_without_x64_names_the_initializer():
+    model = _model([helper.make_node("Neg", ["w"], ["y"])], [],
+                   [helper.make_tensor_value_info("y", T.DOUBLE, [2])],
+                   [numpy_helper.from_array(np.array([0.5, 0.25]), "w")])
+    g = JaxGraph(model)
+    assert list(g.params) == ["w"]
+    with jax.enable_x64(False), pytest.raises(InputError,
+                                              match=r"param \(initializer\) 'w' is float64"):
+        g.apply(g.params)
+
+
+def test_double_constant_meeting_a_traced_value_without_x64_names_the_node():
+    nodes = [helper.make_node("Cast", ["x"], ["xd"], to=T.DOUBLE),
+             helper.make_node("Add", ["xd", "c"], ["y"], name="add_c")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, [2])],
+                   [helper.make_tensor_value_info("y", T.DOUBLE, [2])],
+                   [numpy_helper.from_array(np.array([1.0, 2.0]), "c")])
+    g = JaxGraph(model, params=[])
+    with jax.enable_x64(False), pytest.raises(
+            ModelError, match=r"ai.onnx::Add \(opset 17\), node 'add_c': value 'c' is float64"):
+        jax.jit(g.apply)({}, np.ones(2, np.float32))
+
+
+def test_folded_double_constants_and_int64_inputs_run_without_x64():
+    # float64 shape-free arithmetic on constants is folded at trace time and cast to
+    # float32 before it meets traced values; int64 indices run as int32 under default JAX.
+    nodes = [helper.make_node("Mul", ["c", "c"], ["c2"]),
+             helper.make_node("Cast", ["c2"], ["c32"], to=T.FLOAT),
+             helper.make_node("Gather", ["x", "i"], ["xg"]),
+             helper.make_node("Add", ["xg", "c32"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, [4]),
+                           helper.make_tensor_value_info("i", T.INT64, [2])],
+                   [helper.make_tensor_value_info("y", T.FLOAT, [2])],
+                   [numpy_helper.from_array(np.array([1.5, -2.0]), "c")])
+    g = JaxGraph(model, params=[])
+    x = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    i = np.array([3, 0], np.int64)
+    with jax.enable_x64(False):
+        (y,) = jax.jit(g.apply)({}, x, i)
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(y), x[i] + np.float32([2.25, 4.0]))
+
+
+# --------------------------------------------------------------------------- random keys
+
+
+def test_random_nodes_in_function_bodies_never_share_a_key():
+    # Node 0 calls a model-local function whose body holds a RandomUniform; 999
+    # Identity nodes follow, then a top-level RandomUniform at index 1000. Keys
+    # numbered (index + 1) * 1000 gave both the same key, hence the same draws.
+    body = [helper.make_node("RandomUniform", [], ["r"], shape=[16])]
+    fn = helper.make_function("local", "Draw", [], ["r"], body,
+                              [helper.make_opsetid("", 17)])
+    nodes = [helper.make_node("Draw", [], ["r_fn"], domain="local")]
+    prev = "x"
+    for k in range(999):
+        nodes.append(helper.make_node("Identity", [prev], [f"i{k}"]))
+        prev = f"i{k}"
+    nodes.append(helper.make_node("RandomUniform", [], ["r_top"], shape=[16]))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1])],
+        [helper.make_tensor_value_info(n, T.FLOAT, s) for n, s in
+         (("r_fn", [16]), (prev, [1]), ("r_top", [16]))])
+    model = helper.make_model(graph, functions=[fn], opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    g = JaxGraph(model, check=False)
+    assert g.node_count == 1001
+    r_fn, x, r_top = g.apply({}, np.ones(1, np.float32), rng=jax.random.key(0))
+    r_fn, r_top = np.asarray(r_fn), np.asarray(r_top)
+    np.testing.assert_array_equal(np.asarray(x), [1.0])
+    assert ((0 <= r_fn) & (r_fn < 1)).all() and ((0 <= r_top) & (r_top < 1)).all()
+    assert not np.isin(r_fn, r_top).any()
+    # The same key gives the same draws: keys are a function of the node, not of the call.
+    again = g.apply({}, np.ones(1, np.float32), rng=jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(again[0]), r_fn)

@@ -1,4 +1,4 @@
-"""Elementwise family (jaxort/graph/ops/math.py, quantize.py) against ONNX's reference evaluator.
+"""Elementwise families (ops/arithmetic, activation, logic, cast, quantize) against ONNX's reference.
 
 One table, ``CASES``: an entry per op (or op form) with a hypothesis strategy
 that draws inputs and attributes, and a tolerance scale. Every entry is

@@ -1,4 +1,4 @@
-"""Neural-network family (jaxort/graph/ops/nn.py, rnn.py) against ONNX's reference evaluator.
+"""Neural-network families (ops/matmul, conv, pool, norm, softmax, attention, rnn, ...).
 
 One table, ``CASES``: an entry per op (or op form) with a hypothesis strategy
 drawing inputs and attributes, and a tolerance scale. Each entry is run jitted
