@@ -1,33 +1,22 @@
-"""A facade shaped like ONNX Runtime's on-device training C API (OrtTrainingApi).
+"""A facade shaped like ONNX Runtime's on-device training C API (OrtTrainingApi, ORT 1.19.2).
 
-One Python function or method per entry of the C API (ORT 1.19.2), in
-snake_case: :func:`load_checkpoint`, :func:`load_checkpoint_from_buffer`,
-:func:`save_checkpoint`, :class:`TrainingSession` (CreateTrainingSession and
-CreateTrainingSessionFromBuffer) with ``train_step``, ``eval_step``,
-``lazy_reset_grad``, ``optimizer_step``, the learning-rate and scheduler
-calls, the parameter-buffer calls, ``export_model_for_inferencing`` and the
-model input/output queries; :func:`get_parameter_type_and_shape`,
+One function or method per C API entry, in snake_case: :func:`load_checkpoint`,
+:func:`save_checkpoint`, :class:`TrainingSession` (CreateTrainingSession) with
+its steps, learning-rate, scheduler, parameter-buffer, export and name calls,
 :func:`get_parameter`, :func:`update_parameter`, :func:`add_property`,
 :func:`get_property`, :func:`set_seed` and :func:`get_training_api`.
 
-A :class:`CheckpointHandle` (ORT's ``OrtCheckpointState``) holds one
-immutable :class:`jaxort.training.SessionState`; a :class:`TrainingSession`
-made from it works on that value. Every method normalizes its arguments,
-calls the training layer, replaces the handle's value and returns; no logic
-lives here. Results come back as numpy arrays.
+A :class:`CheckpointHandle` (``OrtCheckpointState``) holds one immutable
+:class:`jaxort.training.SessionState`; every method calls it and replaces the
+handle's value, so no logic lives here. Results are numpy arrays.
 
-Differences from ONNX Runtime 1.19.2 (each is also noted where it applies):
+Differences from ONNX Runtime 1.19.2: out-of-order calls raise
+:class:`jaxort.errors.StateError` (an optimizer step before any train step,
+which ORT runs on zero gradients; eval without an eval model, where ORT's
+binding crashes); a session on a checkpoint with an optimizer group starts
+from its learning rate (ORT: 0.001); parameter buffers are numpy arrays.
 
-- Calls made out of order raise :class:`jaxort.errors.StateError`: an
-  optimizer step before any train step (ORT runs it on zero gradients), an
-  eval step without an eval model (ORT's Python binding crashes), a
-  scheduler step without a scheduler.
-- A session created from a checkpoint that holds an optimizer group starts
-  from that group's learning rate; ORT starts at 0.001.
-- Parameter buffers are numpy arrays, not OrtValues.
-
-This module is a facade: it imports the training, checkpoint and graph
-layers and must not be imported by them.
+A facade: it imports the layers below and nothing below imports it.
 """
 
 from __future__ import annotations
@@ -229,12 +218,10 @@ class TrainingSession:
 
         Args:
           state: the checkpoint state; the session shares it.
-          train_model: the training model: a path, its bytes, or a ModelProto
-            (ORT's or jaxort's ``generate_artifacts``).
+          train_model: the training model (path, bytes or ModelProto).
           eval_model: the eval model, optional (eval steps and export need it).
           optimizer_model: the optimizer model, optional (optimizer steps need it).
-          device: ``"cpu"``, ``"cuda"``, ``"gpu"`` or ``"tpu"``, optionally
-            with ``":<index>"``; the state lives on that JAX device.
+          device: ``"cpu"``, ``"cuda"``, ``"gpu"`` or ``"tpu"`` (``":<index>"``).
 
         Raises:
           InputError: the device is unknown or not available.
@@ -276,24 +263,14 @@ class TrainingSession:
     def _put(self, st: _training.SessionState) -> None:
         self._handle.session_state = st
 
-    # Steps -------------------------------------------------------------------
-
     def train_step(self, *inputs) -> tuple[np.ndarray, ...]:
         """Runs one training step (TrainStep): forward, loss, gradient accumulation.
 
         Gradients add to the accumulated ones, unless ``lazy_reset_grad`` was
-        called since the last train step: then they replace them.
-
-        Args:
-          *inputs: the training model's user inputs then labels, in
-            ``training_model_input_names()`` order (numpy or JAX arrays).
-
-        Returns:
-          The training model's outputs (loss first) as numpy arrays.
-
-        Raises:
-          InputError: wrong number, shape or dtype of inputs.
-          StateError: the session was released or its state is nominal.
+        called since the last train step: then they replace them. Inputs are
+        the user inputs then labels (numpy or JAX arrays); the outputs come
+        back as numpy arrays, loss first. InputError for wrong inputs,
+        StateError once released or while nominal.
         """
         st, outputs = self._get().train_step(inputs)
         self._put(st)
@@ -308,14 +285,10 @@ class TrainingSession:
         self._put(self._get().lazy_reset_grad())
 
     def optimizer_step(self) -> None:
-        """Updates the trainable parameters from the accumulated gradients (OptimizerStep).
+        """Updates the trainable parameters from the accumulated gradients, which stay (OptimizerStep).
 
-        Gradients are left as they are; call ``lazy_reset_grad`` to start a
-        new accumulation.
-
-        Raises:
-          StateError: no optimizer model, or no train step has run in this
-            session yet (ORT 1.19.2 would step on zero gradients).
+        StateError without an optimizer model, or before any train step of
+        this session (ORT 1.19.2 would step on zero gradients).
         """
         self._put(self._get().optimizer_step())
 
@@ -331,8 +304,6 @@ class TrainingSession:
         self._put(st.with_optimizer(program))
         self._program = program
 
-    # Learning rate -----------------------------------------------------------
-
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next optimizer steps (SetLearningRate)."""
         self._put(self._get().set_learning_rate(learning_rate))
@@ -346,23 +317,16 @@ class TrainingSession:
         """Registers ORT's linear warmup/decay schedule (RegisterLinearLRScheduler).
 
         The learning rate is set at once for the current optimizer step
-        count, then by each ``scheduler_step``. The counts have their
-        documented meaning, as in ORT's C API (ORT 1.19.2's *Python*
+        count, then by each ``scheduler_step``; ``initial_lr`` is also what a
+        checkpoint saves as the group's initial learning rate. The counts have
+        their documented meaning, as in ORT's C API (ORT 1.19.2's *Python*
         LinearLRScheduler swaps them; see ``jaxort.api.LinearLRScheduler``).
-
-        Args:
-          warmup_step_count: steps of linear warmup from 0.
-          total_step_count: the step at which the learning rate reaches 0.
-          initial_lr: the peak learning rate; also what a checkpoint saves as
-            the optimizer group's initial learning rate.
         """
         self._put(self._get().register_linear_lr_scheduler(warmup_step_count, total_step_count, initial_lr))
 
     def scheduler_step(self) -> None:
         """Recomputes the learning rate from the optimizer step count (SchedulerStep)."""
         self._put(self._get().scheduler_step())
-
-    # Parameter buffers -------------------------------------------------------
 
     def get_parameters_size(self, trainable_only: bool = False) -> int:
         """Number of parameter elements (GetParametersSize); works on nominal states.
@@ -387,15 +351,10 @@ class TrainingSession:
 
         With ``trainable_only=True`` frozen parameters are left as they are.
         On a nominal state this loads all parameters (``trainable_only`` must
-        be False, as in ORT) and makes the session ready to train.
-
-        Raises:
-          InputError: wrong size or dtype.
-          StateError: trainable_only on a nominal state.
+        be False, as in ORT) and makes the session ready to train. InputError
+        for a wrong size or dtype.
         """
         self._put(self._get().buffer_to_parameters(buffer, trainable_only))
-
-    # Export, seed, names -----------------------------------------------------
 
     def export_model_for_inferencing(self, inference_model_path: PathLike,
                                      graph_output_names: Sequence[str]) -> None:
@@ -403,10 +362,7 @@ class TrainingSession:
 
         Labels and the loss are removed and the current parameters become
         initializers; the file loads in ``onnxruntime.InferenceSession``.
-
-        Raises:
-          StateError: the session has no eval model, or its state is nominal.
-          TrainingError: an unknown output name.
+        StateError without an eval model; TrainingError for an unknown output.
         """
         onnx.save(self._get().export_model(graph_output_names), os.fspath(inference_model_path))
 
@@ -432,36 +388,29 @@ class TrainingSession:
         program = self._get().program
         return list(program.eval_output_names) if program.has_eval_model else []
 
+    # TrainingSessionGet{Training,Eval}Model{Input,Output}{Count,Name}
     def training_model_input_count(self) -> int:
-        """TrainingSessionGetTrainingModelInputCount."""
         return len(self.training_model_input_names())
 
     def training_model_output_count(self) -> int:
-        """TrainingSessionGetTrainingModelOutputCount."""
         return len(self.training_model_output_names())
 
     def eval_model_input_count(self) -> int:
-        """TrainingSessionGetEvalModelInputCount."""
         return len(self.eval_model_input_names())
 
     def eval_model_output_count(self) -> int:
-        """TrainingSessionGetEvalModelOutputCount."""
         return len(self.eval_model_output_names())
 
     def training_model_input_name(self, index: int) -> str:
-        """TrainingSessionGetTrainingModelInputName."""
         return _indexed(self.training_model_input_names(), index, "training model input")
 
     def training_model_output_name(self, index: int) -> str:
-        """TrainingSessionGetTrainingModelOutputName."""
         return _indexed(self.training_model_output_names(), index, "training model output")
 
     def eval_model_input_name(self, index: int) -> str:
-        """TrainingSessionGetEvalModelInputName."""
         return _indexed(self.eval_model_input_names(), index, "eval model input")
 
     def eval_model_output_name(self, index: int) -> str:
-        """TrainingSessionGetEvalModelOutputName."""
         return _indexed(self.eval_model_output_names(), index, "eval model output")
 
     @property
@@ -479,8 +428,6 @@ class TrainingSession:
     def program(self):
         """The :class:`jaxort.training.TrainProgram` the session runs."""
         return self._program
-
-    # Release -----------------------------------------------------------------
 
     def release(self) -> None:
         """Frees the session's device buffers (ReleaseTrainingSession).
