@@ -438,6 +438,13 @@ def _dispatch(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tuple
         for name, a in zip(node.inputs, args):
             if isinstance(a, np.ndarray) and a.dtype in _WIDE_FLOATS:
                 raise ModelError(f"{node.describe}: {_x64_message('value', name, a.dtype)}")
+        # Ops that make float64 out of narrower values (Cast to DOUBLE, random
+        # ops with dtype DOUBLE, EyeLike...) name the type in an attribute.
+        for attr in ("to", "dtype"):
+            if node.kwargs.get(attr) in _WIDE_ONNX_TYPES:
+                wide = np.dtype(to_numpy_dtype(node.kwargs[attr]))
+                subject = f"attribute {attr} asks for {wide}"
+                raise ModelError(f"{node.describe}: {_x64_message('', '', wide, subject)}")
     try:
         if fold:
             with jax.ensure_compile_time_eval(), x64_enabled_scope():
@@ -527,15 +534,17 @@ def _canonical(dtype) -> np.dtype:
 
 # Dtypes JAX narrows to 32 bits when its 64-bit mode is off.
 _WIDE_FLOATS = (np.dtype(np.float64), np.dtype(np.complex128))
+_WIDE_ONNX_TYPES = (onnx.TensorProto.DOUBLE, onnx.TensorProto.COMPLEX128)
 
 
 def _x64_enabled() -> bool:
     return _canonical(np.float64) == np.float64
 
 
-def _x64_message(what: str, name: str, dtype) -> str:
+def _x64_message(what: str, name: str, dtype, subject: str = "") -> str:
+    subject = subject or f"{what} {name!r} is {np.dtype(dtype)}"
     return (
-        f"{what} {name!r} is {np.dtype(dtype)}, but JAX's 64-bit mode is off, so it would be "
+        f"{subject}, but JAX's 64-bit mode is off, so it would be "
         f"computed in {_canonical(dtype)}; enable 64-bit types around the call with "
         "`with jax.enable_x64(True):`, or for the whole program with "
         "`jax.config.update(\"jax_enable_x64\", True)`")
@@ -734,7 +743,7 @@ class JaxGraph:
         updates = {}
         runtime = _Runtime(training, rng, updates, self.opsets, self._functions, x64)
         _run_program(self._program, env, runtime)
-        outs = tuple(_as_output(env[n]) for n in self._program.output_names)
+        outs = tuple(_as_output(n, env[n], x64) for n in self._program.output_names)
         return outs, updates
 
     def apply(self, params: Mapping, *inputs, rng=None, training: bool = False) -> tuple:
@@ -772,8 +781,11 @@ class JaxGraph:
         return f"JaxGraph(inputs=[{ins}], outputs=[{outs}], params={len(self.params)}, nodes={self.node_count})"
 
 
-def _as_output(value):
+def _as_output(name: str, value, x64: bool):
     if isinstance(value, np.ndarray) and value.dtype != object:
+        if not x64 and value.dtype in _WIDE_FLOATS:
+            # A value folded at trace time in float64 would leave as float32.
+            raise ModelError(_x64_message("output", name, value.dtype))
         return jnp.asarray(value)
     return value
 

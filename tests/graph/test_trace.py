@@ -397,15 +397,47 @@ def test_double_param_without_x64_names_the_initializer():
 
 
 def test_double_constant_meeting_a_traced_value_without_x64_names_the_node():
-    nodes = [helper.make_node("Cast", ["x"], ["xd"], to=T.DOUBLE),
-             helper.make_node("Add", ["xd", "c"], ["y"], name="add_c")]
-    model = _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, [2])],
+    # Where picks between two float64 constants with a traced condition.
+    nodes = [helper.make_node("Where", ["x", "c", "d"], ["y"], name="pick")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", T.BOOL, [2])],
                    [helper.make_tensor_value_info("y", T.DOUBLE, [2])],
-                   [numpy_helper.from_array(np.array([1.0, 2.0]), "c")])
+                   [numpy_helper.from_array(np.array([1.0, 2.0]), "c"),
+                    numpy_helper.from_array(np.array([3.0, 4.0]), "d")])
     g = JaxGraph(model, params=[])
     with jax.enable_x64(False), pytest.raises(
-            ModelError, match=r"ai.onnx::Add \(opset 17\), node 'add_c': value 'c' is float64"):
-        jax.jit(g.apply)({}, np.ones(2, np.float32))
+            ModelError, match=r"ai.onnx::Where \(opset 17\), node 'pick': value 'c' is float64"):
+        jax.jit(g.apply)({}, np.array([True, False]))
+
+
+def test_cast_of_a_traced_value_to_double_without_x64_names_the_node():
+    nodes = [helper.make_node("Cast", ["x"], ["y"], to=T.DOUBLE, name="to_double")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT, [2])],
+                   [helper.make_tensor_value_info("y", T.DOUBLE, [2])])
+    g = JaxGraph(model, params=[])
+    x = np.array([1.0, 1.0 + 2.0 ** -20], np.float32)
+    with jax.enable_x64(False), pytest.raises(
+            ModelError, match=r"node 'to_double': attribute to asks for float64, but JAX's 64-bit mode "
+                              r"is off, so it would be computed in float32"):
+        jax.jit(g.apply)({}, x)
+    with jax.enable_x64(True):
+        (y,) = jax.jit(g.apply)({}, x)
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(np.asarray(y), x.astype(np.float64))
+
+
+def test_double_output_folded_at_trace_time_without_x64_is_an_error():
+    # The whole graph folds into a float64 numpy value; returning it would
+    # convert it to float32.
+    nodes = [helper.make_node("Mul", ["c", "c"], ["y"])]
+    model = _model(nodes, [], [helper.make_tensor_value_info("y", T.DOUBLE, [2])],
+                   [numpy_helper.from_array(np.array([1.0 + 2.0 ** -40, 3.0]), "c")])
+    g = JaxGraph(model, params=[])
+    with jax.enable_x64(False), pytest.raises(ModelError, match=r"output 'y' is float64"):
+        g.apply({})
+    with jax.enable_x64(True):
+        (y,) = g.apply({})
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(np.asarray(y), np.array([1.0 + 2.0 ** -40, 3.0]) ** 2)
 
 
 def test_folded_double_constants_and_int64_inputs_run_without_x64():
