@@ -57,13 +57,10 @@ LAYER_OF_PATH = {
     "demo.py": "facades",
 }
 
-# Known arrows exempt from the cycle check, each with its reason.
-ALLOWED_CYCLE_EDGES = {
-    # `jaxort.cli` hands `python -m jaxort demo` back to `jaxort.__main__`, which
-    # sends every other command to the CLI; issue 8 (point 2) removes the
-    # import from cli.py so that __main__ only calls cli.main.
-    ("jaxort.cli", "jaxort.__main__"),
-}
+# Known arrows exempt from the cycle check, each with a comment saying why and
+# when it goes; none today (cli.py and __main__.py imported each other until
+# __main__ became the only side that calls the other).
+ALLOWED_CYCLE_EDGES: frozenset = frozenset()
 
 
 # --- reading the package -------------------------------------------------------
