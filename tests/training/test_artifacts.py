@@ -333,6 +333,30 @@ def test_custom_jax_loss(tmp_path):
     assert float(objective(p)) < 0.9 * expected
 
 
+def test_a_model_made_with_a_jax_loss_needs_that_loss_to_train(tmp_path):
+    """The training model records its JAX loss; a program refuses it without the callable."""
+
+    def weighted(output, target, scale=2.0):
+        return scale * jnp.mean((output - target) ** 2)
+
+    arts = generate_artifacts(_mlp(), loss=weighted, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    assert arts.label_names == ("target",)  # `scale` has a default: an option, not a label
+    start = ckpt.load(arts.checkpoint)
+    with pytest.raises(TrainingError, match=r"generated with the JAX loss '.*weighted'.*\['target'\]"):
+        TrainProgram.from_artifacts(arts.training_model, arts.eval_model, arts.optimizer_model,
+                                    checkpoint=start)
+    program = TrainProgram.from_artifacts(arts.training_model, arts.eval_model, arts.optimizer_model,
+                                          checkpoint=start, loss_fn=weighted)
+    assert program.input_names == ["input", "target"]
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(8, 12)).astype(np.float32)
+    t = rng.normal(size=(8, 5)).astype(np.float32)
+    (ort_out,) = _ort_run(arts.eval_model, {"input": x, **start.parameters})
+    _, (loss, out) = program.train_step(program.init_state(start), x, t)
+    np.testing.assert_allclose(np.asarray(out), ort_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(loss), 2.0 * np.mean((ort_out - t) ** 2), rtol=1e-5)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(requires_grad=["fc1.weight"], frozen_params=["fc1.weight"]), "frozen and require"),
     (dict(requires_grad=["nope"]), "not initializers"),
