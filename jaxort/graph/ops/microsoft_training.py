@@ -1,0 +1,320 @@
+"""ONNX Runtime Training ops (com.microsoft, and SparseSoftmaxCrossEntropy of ai.onnx).
+
+ONNX Runtime Training 1.19.2 writes these into training graphs: its pre-training
+rewrites turn Concat, LSTM and GRU into ConcatTraining, LSTMTraining and
+GRUTraining (extra outputs for their gradient builders), and its gradient
+builders and older loss exporters use the others. docs/ort-training-ops.md says
+which rewrite emits which op, and when.
+
+ONNX does not ship these schemas, so each function gives the schema's attribute
+defaults in its signature (from orttraining/core/graph/training_op_defs.cc of
+ONNX Runtime 1.19.2) instead of the dispatcher filling them in. The handlers
+reuse the standard ops' implementations; this module must not import the
+training layer.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxort.errors import OpError
+from jaxort.graph import register, static_ints
+from jaxort.graph.ops._common import at_least_float32
+from jaxort.graph.ops.dropout import dropout
+from jaxort.graph.ops.layout import _concat, _split
+from jaxort.graph.ops.loss import negative_log_likelihood_loss, softmax_cross_entropy_loss
+from jaxort.graph.ops.reduce import reduce_sum
+from jaxort.graph.ops.rnn import _activations, _directions, _prepare, _run_direction
+
+MS = "com.microsoft"
+
+# ---- ConcatTraining, SplitTraining, ReduceSumTraining ----
+
+
+@register("ConcatTraining", since=1, domain=MS)
+def concat_training(*inputs, axis):
+    """com.microsoft::ConcatTraining-1: Concat plus each input's length along the axis (int64)."""
+    present = [x for x in inputs if x is not None]
+    if not present:
+        raise OpError("ConcatTraining needs at least one input")
+    a = axis + present[0].ndim if axis < 0 else axis
+    lengths = np.array([x.shape[a] for x in present], dtype=np.int64)
+    return _concat(present, axis), lengths
+
+
+@register("SplitTraining", since=1, domain=MS)
+def split_training(input, split=None, *, axis=0, ctx):
+    """com.microsoft::SplitTraining-1 (axis default 0; an empty split splits evenly)."""
+    sizes = None if split is None else static_ints(split, "input 'split'")
+    n = len(ctx.output_names)
+    if not sizes:
+        dim = input.shape[axis]
+        if dim % n:
+            # ORT's kernel refuses it (its shape inference would give the first outputs one more).
+            raise OpError(f"an empty split cannot split dimension {dim} evenly into {n} outputs")
+        sizes = [dim // n] * n
+    return _split(input, axis, sizes, n)
+
+
+@register("ReduceSumTraining", since=1, domain=MS)
+def reduce_sum_training(data, axes, *, keepdims=1, noop_with_empty_axes=0):
+    """com.microsoft::ReduceSumTraining-1: ReduceSum-13 (axes input), schema defaults keepdims=1, noop=0."""
+    return reduce_sum(data, axes, keepdims=keepdims, noop_with_empty_axes=noop_with_empty_axes)
+
+
+# ---- LSTMTraining and GRUTraining ----
+
+
+def _no_sequence_lens(sequence_lens, op):
+    # ORT's kernels refuse them ("Varying sequence lengths is not supported yet").
+    if sequence_lens is not None:
+        raise OpError(f"{op} does not take sequence_lens (ONNX Runtime 1.19.2 refuses them too)")
+
+
+def _stack_directions(per_dir):
+    """[(seq, batch, k)] per direction -> (seq, num_directions, batch, k)."""
+    return jnp.stack(per_dir, axis=1)
+
+
+@register("LSTMTraining", since=1, domain=MS)
+def lstm_training(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *,
+                  activation_alpha=None, activation_beta=None, activations=None, clip=None,
+                  direction="forward", hidden_size, input_forget=0):
+    """com.microsoft::LSTMTraining-1: LSTM (no layout) -> HAll, Ht, Ct, CAll and the iofc gates.
+
+    The gates are stored after their activations, in ONNX's order (i, o, f, c), as
+    ORT's LSTMGrad reads them: [seq, num_directions, batch, 4 * hidden_size].
+    """
+    _no_sequence_lens(sequence_lens, "LSTMTraining")
+    x, (h0, c0), _, num_dir = _prepare(x, [initial_h, initial_c], None, 0, direction,
+                                       hidden_size)
+    acts = _activations(activations, activation_alpha, activation_beta,
+                        ["Sigmoid", "Tanh", "Tanh"], num_dir)
+    hs = hidden_size
+
+    def clipped(v):
+        return v if clip is None else jnp.clip(v, -clip, clip)
+
+    h_all, c_all, gates_all, h_last, c_last = [], [], [], [], []
+    for d, reverse in enumerate(_directions(direction, num_dir)):
+        bias = 0 if b is None else b[d, :4 * hs] + b[d, 4 * hs:]
+        xw = jnp.matmul(x, w[d].T) + bias
+        rd = r[d]
+        pd = jnp.zeros((3 * hs,), x.dtype) if p is None else p[d]
+        f, g, hact = acts[d]
+
+        def step(carry, xt, rd=rd, pd=pd, f=f, g=g, hact=hact):
+            h, c = carry
+            gates = xt + h @ rd.T
+            gi, go, gf, gc = (gates[:, k * hs:(k + 1) * hs] for k in range(4))
+            i = f(clipped(gi + pd[:hs] * c))
+            fg = 1 - i if input_forget else f(clipped(gf + pd[2 * hs:] * c))
+            cc = g(clipped(gc))
+            c = fg * c + i * cc
+            o = f(clipped(go + pd[hs:2 * hs] * c))
+            h = o * hact(c)
+            return (h, c), jnp.concatenate([h, c, i, o, fg, cc], axis=-1)
+
+        (h, c), ys = _run_direction(step, xw, [h0[d], c0[d]], None, reverse)
+        h_all.append(ys[..., :hs])
+        c_all.append(ys[..., hs:2 * hs])
+        gates_all.append(ys[..., 2 * hs:])
+        h_last.append(h)
+        c_last.append(c)
+    return (_stack_directions(h_all), jnp.stack(h_last), jnp.stack(c_last),
+            _stack_directions(c_all), _stack_directions(gates_all))
+
+
+@register("GRUTraining", since=1, domain=MS)
+def gru_training(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
+                 activation_beta=None, activations=None, clip=None, direction="forward",
+                 hidden_size, linear_before_reset=0):
+    """com.microsoft::GRUTraining-1: GRU (no layout) -> HAll, Ht and the zrh gates.
+
+    The gates are stored after their activations (z, r, then the candidate h), as
+    ORT's GRUGrad reads them: [seq, num_directions, batch, 3 * hidden_size].
+    """
+    _no_sequence_lens(sequence_lens, "GRUTraining")
+    x, (h0,), _, num_dir = _prepare(x, [initial_h], None, 0, direction, hidden_size)
+    acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"],
+                        num_dir)
+    hs = hidden_size
+
+    def clipped(v):
+        return v if clip is None else jnp.clip(v, -clip, clip)
+
+    h_all, gates_all, h_last = [], [], []
+    for d, reverse in enumerate(_directions(direction, num_dir)):
+        wb = jnp.zeros((3 * hs,), x.dtype) if b is None else b[d, :3 * hs]
+        rb = jnp.zeros((3 * hs,), x.dtype) if b is None else b[d, 3 * hs:]
+        xw = jnp.matmul(x, w[d].T) + wb
+        rd = r[d]
+        f, g = acts[d]
+
+        def step(carry, xt, rd=rd, rb=rb, f=f, g=g):
+            (h,) = carry
+            rz, rr, rh = rd[:hs], rd[hs:2 * hs], rd[2 * hs:]
+            z = f(clipped(xt[:, :hs] + h @ rz.T + rb[:hs]))
+            rt = f(clipped(xt[:, hs:2 * hs] + h @ rr.T + rb[hs:2 * hs]))
+            if linear_before_reset:
+                hh = g(clipped(xt[:, 2 * hs:] + rt * (h @ rh.T + rb[2 * hs:])))
+            else:
+                hh = g(clipped(xt[:, 2 * hs:] + (rt * h) @ rh.T + rb[2 * hs:]))
+            h = (1 - z) * hh + z * h
+            return (h,), jnp.concatenate([h, z, rt, hh], axis=-1)
+
+        (h,), ys = _run_direction(step, xw, [h0[d]], None, reverse)
+        h_all.append(ys[..., :hs])
+        gates_all.append(ys[..., hs:])
+        h_last.append(h)
+    return _stack_directions(h_all), jnp.stack(h_last), _stack_directions(gates_all)
+
+
+# ---- the Dropout family ----
+
+_BITS = 32  # ORT packs dropout masks into uint32 words (kNumBitsPerBitmaskElement)
+
+
+def pack_bitmask(mask):
+    """Packs a boolean mask as ORT's BitmaskDropout does: element i is bit i % 32 of word i // 32.
+
+    Bits past the last element are 0.
+    """
+    flat = jnp.ravel(mask)
+    n = flat.shape[0]
+    words = -(-n // _BITS)
+    bits = jnp.pad(flat.astype(jnp.uint32), (0, words * _BITS - n)).reshape(words, _BITS)
+    shifts = jnp.arange(_BITS, dtype=jnp.uint32)
+    return jnp.sum(bits << shifts, axis=1, dtype=jnp.uint32)
+
+
+def _is_inference(ratio, training_mode, ctx) -> bool:
+    """True when the dropout is the identity whatever the random stream (a static decision)."""
+    if training_mode is None or not ctx.training:
+        return True
+    static_false = isinstance(training_mode, (np.ndarray, np.generic, bool)) and \
+        not bool(np.asarray(training_mode))
+    static_zero = isinstance(ratio, (np.ndarray, np.generic, float)) and \
+        float(np.asarray(ratio)) == 0.0
+    return static_false or static_zero
+
+
+def _bitmask(data, ratio, training_mode, ctx):
+    out, mask = dropout(data, ratio, training_mode, ctx=ctx)
+    if _is_inference(ratio, training_mode, ctx):
+        # ORT's inference branch sets every bit of every word, padding included.
+        words = -(-int(np.prod(data.shape, dtype=np.int64)) // _BITS)
+        return out, jnp.full((words,), 0xFFFFFFFF, jnp.uint32)
+    packed = pack_bitmask(mask)
+    if not isinstance(training_mode, (np.ndarray, np.generic, bool)):
+        # A traced training_mode: false means ORT's inference branch.
+        flag = jnp.asarray(training_mode).astype(jnp.bool_)
+        packed = jnp.where(flag, packed, jnp.uint32(0xFFFFFFFF))
+    return out, packed
+
+
+def _biased(data, bias, residual):
+    return data + bias, (lambda y: y if residual is None else y + residual)
+
+
+@register("BitmaskDropout", since=1, domain=MS, foldable=False)
+def bitmask_dropout(data, ratio=None, training_mode=None, *, seed=None, ctx):
+    """com.microsoft::BitmaskDropout-1: Dropout-12 with the mask packed in uint32 words; seed ignored."""
+    return _bitmask(data, ratio, training_mode, ctx)
+
+
+@register("BiasDropout", since=1, domain=MS, foldable=False)
+def bias_dropout(data, bias, residual=None, ratio=None, training_mode=None, *, seed=None, ctx):
+    """com.microsoft::BiasDropout-1: Dropout(data + bias) + residual, boolean mask; seed ignored."""
+    x, add_residual = _biased(data, bias, residual)
+    out, mask = dropout(x, ratio, training_mode, ctx=ctx)
+    return add_residual(out), mask
+
+
+@register("BitmaskBiasDropout", since=1, domain=MS, foldable=False)
+def bitmask_bias_dropout(data, bias, residual=None, ratio=None, training_mode=None, *, seed=None,
+                         ctx):
+    """com.microsoft::BitmaskBiasDropout-1: BiasDropout with the packed uint32 mask; seed ignored."""
+    x, add_residual = _biased(data, bias, residual)
+    out, mask = _bitmask(x, ratio, training_mode, ctx)
+    return add_residual(out), mask
+
+
+# ---- losses ----
+
+
+def _ignore_index(ignore_index):
+    """The ignore_index input (an int64 scalar) as the attribute value the standard ops take."""
+    if ignore_index is None:
+        return None
+    if isinstance(ignore_index, (np.ndarray, np.generic, int)):
+        return int(np.asarray(ignore_index).reshape(()))
+    return jnp.reshape(ignore_index, ())
+
+
+@register("SoftmaxCrossEntropyLossInternal", since=1, domain=MS)
+def softmax_cross_entropy_loss_internal(scores, labels, weights=None, ignore_index=None, *,
+                                        reduction="mean", output_type=None):
+    """com.microsoft::SoftmaxCrossEntropyLoss with ignore_index as an input; output_type casts the loss."""
+    loss, log_prob = softmax_cross_entropy_loss(scores, labels, weights, reduction=reduction,
+                                                ignore_index=_ignore_index(ignore_index))
+    if output_type is not None:
+        from jaxort.dtypes import to_numpy_dtype
+
+        loss = loss.astype(to_numpy_dtype(output_type))
+    return loss, log_prob
+
+
+@register("NegativeLogLikelihoodLossInternal", since=1, domain=MS)
+def negative_log_likelihood_loss_internal(input, target, weight=None, ignore_index=None, *,
+                                          reduction="mean"):
+    """com.microsoft::NegativeLogLikelihoodLoss with ignore_index as an input."""
+    return negative_log_likelihood_loss(input, target, weight, reduction=reduction,
+                                        ignore_index=_ignore_index(ignore_index))
+
+
+def _reduce_loss(per_sample, reduction, denominator):
+    if reduction == "none":
+        return per_sample
+    if reduction == "sum":
+        return jnp.sum(per_sample)
+    if reduction == "mean":
+        return jnp.sum(per_sample) / denominator
+    raise OpError(f"unknown reduction {reduction!r}")
+
+
+@register("SoftmaxCrossEntropy", since=1, domain=MS)
+def softmax_cross_entropy(logits, label, *, reduction="mean"):
+    """com.microsoft::SoftmaxCrossEntropy-1: one-hot (or soft) labels, classes on the last axis."""
+    dtype = np.dtype(logits.dtype)
+    x = logits.astype(at_least_float32(dtype))
+    log_prob = jax.nn.log_softmax(x, axis=-1)
+    per_sample = -jnp.sum(label.astype(x.dtype) * log_prob, axis=-1)
+    loss = _reduce_loss(per_sample, reduction, jnp.asarray(per_sample.size, x.dtype))
+    return loss.astype(dtype), log_prob.astype(dtype)
+
+
+@register("SparseSoftmaxCrossEntropy", since=9)
+def sparse_softmax_cross_entropy(logits, label, weight=None, *, reduction="mean"):
+    """SparseSoftmaxCrossEntropy-9 (ORT's, in the ai.onnx domain): classes on the last axis.
+
+    With weights, "mean" divides by the sum of the weights, as ORT's kernel does.
+    """
+    dtype = np.dtype(logits.dtype)
+    x = logits.astype(at_least_float32(dtype))
+    log_prob = jax.nn.log_softmax(x, axis=-1)
+    if tuple(label.shape) != tuple(x.shape[:-1]):
+        raise OpError(f"label shape {list(label.shape)} does not match logits shape "
+                      f"{list(x.shape)} (expected {list(x.shape[:-1])})")
+    picked = jnp.take_along_axis(log_prob, jnp.expand_dims(label.astype(jnp.int32), -1), axis=-1)
+    per_sample = -jnp.squeeze(picked, -1)
+    if weight is None:
+        denominator = jnp.asarray(per_sample.size, x.dtype)
+    else:
+        w = weight.astype(x.dtype)
+        per_sample = per_sample * w
+        denominator = jnp.sum(w)
+    loss = _reduce_loss(per_sample, reduction, denominator)
+    return loss.astype(dtype), log_prob.astype(dtype)
