@@ -1,15 +1,24 @@
-"""Loading and validating ONNX models (paths, bytes, ModelProto)."""
+"""Loading and validating ONNX models (paths, bytes, ModelProto).
+
+Whether or not ``onnx.checker`` runs, every initializer's stored data is
+checked against its dims and type, so that a truncated file or a crafted
+proto is a :class:`jaxort.errors.ModelError` naming the initializer, never a
+numpy reshape error at trace time.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Union
 
+import numpy as np
 import onnx
+from onnx import helper
 
 from jaxort.errors import ModelError
 
-__all__ = ["ModelSource", "load_model"]
+__all__ = ["ModelSource", "check_initializers", "load_model"]
 
 ModelSource = Union[str, os.PathLike, bytes, bytearray, memoryview, onnx.ModelProto]
 
@@ -26,7 +35,9 @@ def load_model(source: ModelSource, *, check: bool = True) -> onnx.ModelProto:
       The ``ModelProto``.
 
     Raises:
-      ModelError: when the file is missing or unreadable, or the checker fails.
+      ModelError: when the file is missing or unreadable, the checker fails,
+        or an initializer's data does not fit its dims and type (checked
+        even with ``check=False``).
     """
     if isinstance(source, onnx.ModelProto):
         model = source
@@ -52,4 +63,92 @@ def load_model(source: ModelSource, *, check: bool = True) -> onnx.ModelProto:
             onnx.checker.check_model(model)
         except onnx.checker.ValidationError as e:
             raise ModelError(f"invalid ONNX model: {e}") from e
+        except Exception as e:  # noqa: BLE001  the checker's C++ side raises ValueError and others
+            raise ModelError(f"onnx.checker cannot check the model ({type(e).__name__}: {e}); a model "
+                             "nested deeper than protobuf's parse limit or over 2 GiB cannot be checked, "
+                             "pass check=False to skip the checker") from e
+    check_initializers(model)
     return model
+
+
+# Packed types: bits per element in raw_data.
+_SUB_BYTE_BITS = {getattr(onnx.TensorProto, name): bits for name, bits in (
+    ("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2),
+    ("FLOAT6E2M3", 6), ("FLOAT6E3M2", 6)) if hasattr(onnx.TensorProto, name)}
+
+
+def _graphs(graph: onnx.GraphProto):
+    """``graph`` and every subgraph in its nodes' attributes."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        yield g
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(attr.graphs)
+
+
+def check_initializers(model: onnx.ModelProto) -> None:
+    """Checks that each initializer (subgraphs' too) stores as much data as its dims and type need.
+
+    Args:
+      model: the model, external data loaded or not.
+
+    Raises:
+      ModelError: naming the first initializer whose data is too short or
+        too long, whose dims are negative, whose type is unknown, or whose
+        external data file is missing or too short.
+    """
+    for graph in _graphs(model.graph):
+        for tensor in graph.initializer:
+            problem = _tensor_problem(tensor)
+            if problem:
+                raise ModelError(f"initializer {tensor.name!r} of graph {graph.name!r}: {problem}")
+        for sparse in graph.sparse_initializer:
+            problem = _tensor_problem(sparse.values) or _tensor_problem(sparse.indices)
+            if problem:
+                raise ModelError(f"sparse initializer {sparse.values.name!r} of graph {graph.name!r}: "
+                                 f"{problem}")
+
+
+def _tensor_problem(tensor: onnx.TensorProto) -> str:
+    """What is wrong with a tensor's stored data, or ""."""
+    dims = [int(d) for d in tensor.dims]
+    if any(d < 0 for d in dims):
+        return f"negative dims {dims}"
+    dtype = tensor.data_type
+    if dtype not in onnx.TensorProto.DataType.values() or dtype == onnx.TensorProto.UNDEFINED:
+        return f"unknown data_type {dtype}"
+    count = math.prod(dims)
+    if dtype == onnx.TensorProto.STRING:
+        given = len(tensor.string_data)
+        return "" if given == count else f"dims {dims} need {count} strings, string_data holds {given}"
+    bits = _SUB_BYTE_BITS.get(dtype)
+    itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).itemsize
+    need = (count * bits + 7) // 8 if bits else count * itemsize
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        try:
+            offset, length = int(info.get("offset", 0)), int(info.get("length", need))
+            size = os.path.getsize(location)
+        except (OSError, ValueError) as e:
+            return f"cannot read its external data {location!r} ({type(e).__name__}: {e})"
+        if length != need or offset < 0 or offset + length > size:
+            return (f"dims {dims} need {need} bytes of external data, {location!r} has {size} bytes and "
+                    f"the tensor asks for {length} at offset {offset}")
+        return ""
+    if tensor.raw_data:
+        given = len(tensor.raw_data)
+        return "" if given == need else f"dims {dims} need {need} bytes of raw_data, given {given}"
+    if bits:
+        return ""
+    field = helper.tensor_dtype_to_field(dtype)
+    per = 2 if dtype in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128) else 1
+    given = len(getattr(tensor, field))
+    if given != count * per:
+        return f"dims {dims} need {count * per} values in {field}, given {given}"
+    return ""

@@ -528,6 +528,21 @@ def backward_slice(nodes: Sequence[onnx.NodeProto], wanted: Sequence[str]) -> tu
     return keep, needed
 
 
+def _check_default_opset(opsets: Mapping) -> None:
+    """Refuses a default-domain opset the installed onnx does not know.
+
+    Dispatch picks the newest handler whose ``since`` is <= the opset, so an
+    unknown future opset would run with today's semantics and no warning.
+    """
+    if "" not in opsets:
+        return
+    version, newest = opsets[""], onnx.defs.onnx_opset_version()
+    if not 1 <= version <= newest:
+        raise ModelError(
+            f"the model imports opset {version} of the default domain (ai.onnx); the installed onnx "
+            f"{onnx.__version__} supports opsets 1 to {newest}")
+
+
 def _canonical(dtype) -> np.dtype:
     return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
@@ -597,6 +612,7 @@ class JaxGraph:
         self.opsets = {}
         for imp in self.model.opset_import:
             self.opsets[_registry.normalize_domain(imp.domain)] = int(imp.version)
+        _check_default_opset(self.opsets)
         functions = {(f.domain, f.name): f for f in self.model.functions}
 
         import jaxort.graph.ops  # noqa: F401  (fills the registry)
@@ -800,7 +816,10 @@ def _check_value(info: TensorInfo, x, what: str) -> None:
             f"{what} {info.name!r}: expected an array, given {type(x).__name__}")
     problems = []
     if info.dtype is not None and np.dtype(dtype) != info.dtype:
-        if info.dtype == object or _canonical(dtype) != _canonical(info.dtype):
+        # Only a JAX value may stand for a wider declared dtype (int64 as int32
+        # while 64-bit mode is off): JAX made it so. A numpy float64 for a
+        # float32 input is the caller's mistake, refused as ONNX Runtime does.
+        if info.dtype == object or not isinstance(x, jax.Array) or _canonical(dtype) != _canonical(info.dtype):
             problems.append("dtype")
     if info.shape is not None:
         if len(shape) != len(info.shape) or any(

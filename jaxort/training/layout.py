@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from jaxort.checkpoint import NominalTensor
 from jaxort.dtypes import to_numpy_dtype
-from jaxort.errors import InputError, UnknownNameError
+from jaxort.errors import CheckpointError, InputError, UnknownNameError
 
 __all__ = ["ParameterLayout"]
 
@@ -65,6 +66,39 @@ class ParameterLayout:
                 dtypes[tensor.name] = np.dtype(to_numpy_dtype(tensor.data_type))
                 shapes[tensor.name] = tuple(int(d) for d in tensor.dims)
         return cls(tuple(dtypes), trainable, dtypes, shapes)
+
+    def check_checkpoint(self, parameters: Mapping) -> None:
+        """Checks a checkpoint's parameters (values or nominal tensors) against the layout.
+
+        Every parameter of the layout must be there with its exact shape and
+        dtype (ORT's buffers and optimizer moments rely on both; a float64
+        tensor for a float32 parameter would otherwise train in float32).
+
+        Args:
+          parameters: name -> array, or anything with ``shape`` and ``dtype``.
+
+        Raises:
+          CheckpointError: listing every missing, extra or mismatched parameter at once.
+        """
+        problems = []
+        for name in self.names:
+            if name not in parameters:
+                problems.append(f"{name!r} is missing (expected shape {list(self.shapes[name])} "
+                                f"dtype {self.dtypes[name]})")
+                continue
+            value = parameters[name]
+            shape, dtype = tuple(int(d) for d in np.shape(value)), np.dtype(value.dtype)
+            # ORT 1.19.2 writes nominal tensors without dims: only their dtype is known.
+            unknown_shape = isinstance(value, NominalTensor) and shape == ()
+            if (shape != self.shapes[name] and not unknown_shape) or dtype != self.dtypes[name]:
+                problems.append(f"{name!r}: expected shape {list(self.shapes[name])} dtype "
+                                f"{self.dtypes[name]}, given shape {list(shape)} dtype {dtype}")
+        extra = sorted(n for n in parameters if n not in self.dtypes)
+        if extra:
+            problems.append(f"{extra} are not parameters of the training model")
+        if problems:
+            raise CheckpointError(f"the checkpoint does not match the training model: {len(problems)} "
+                                  f"parameter(s) differ: " + "; ".join(problems))
 
     def buffer_names(self, trainable_only: bool) -> tuple:
         """The parameters a buffer holds, in order."""

@@ -11,16 +11,21 @@ new learning rate never recompile, a new batch shape compiles once.
 from __future__ import annotations
 
 import collections
+import functools
+import threading
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import onnx
 import optax
 
-from jaxort.errors import InputError, TrainingError
+from jaxort.dtypes import to_numpy_dtype
+from jaxort.errors import InputError, JaxortError, TrainingError
 from jaxort.graph import JaxGraph, load_model
 from jaxort.training.artifacts import read as ort_artifacts
+from jaxort.training.layout import ParameterLayout
 from jaxort.training.optimizers import DEFAULT_LEARNING_RATE, OrtOptimizer, optimizer_from_model
 from jaxort.training.precision import Policy, cast_model
 from jaxort.training.state import (
@@ -115,6 +120,10 @@ class TrainProgram:
             self._n_eval_graph_inputs = self._n_graph_inputs
             self.eval_input_names = list(self.input_names)
             self.eval_output_names = list(self.output_names)
+        self._train_inputs = _InputChecker(training_model, info, self.input_names, self.layout)
+        self._eval_inputs = self._train_inputs
+        if eval_model is not None:
+            self._eval_inputs = _InputChecker(eval_model, eval_info, self.eval_input_names, self.layout)
         self._traces = collections.Counter()
         self._jit_train = jax.jit(self._train_core, donate_argnums=0)
         self._jit_eval = jax.jit(self._eval_core)
@@ -209,6 +218,11 @@ class TrainProgram:
 
     # ------------------------------------------------------------------ facts
 
+    @functools.cached_property
+    def layout(self) -> ParameterLayout:
+        """The parameters' order, shapes and dtypes (ORT's buffer order)."""
+        return ParameterLayout.from_model(self.training_model, self.trainable_names, self.frozen_names)
+
     @property
     def has_eval_model(self) -> bool:
         """Whether an eval model was given."""
@@ -257,7 +271,7 @@ class TrainProgram:
         """
         return state_from_checkpoint(
             checkpoint, self.optimizer, trainable_names=self.trainable_names,
-            frozen_names=self.frozen_names, seed=seed,
+            frozen_names=self.frozen_names, seed=seed, layout=self.layout,
             default_learning_rate=DEFAULT_LEARNING_RATE)
 
     def to_checkpoint(self, state: TrainState, include_optimizer_state: bool = True, *,
@@ -393,10 +407,34 @@ class TrainProgram:
 
     # ------------------------------------------------------------------ public steps
 
-    def _check_arity(self, inputs, names, what):
-        if len(inputs) != len(names):
-            raise InputError(
-                f"{what} expects {len(names)} inputs {list(names)}, given {len(inputs)}")
+    def check_inputs(self, inputs: Sequence, *, eval: bool = False) -> tuple:
+        """Validates a batch before a step; returns it ready for the compiled step.
+
+        Done here, on the values the caller passed, rather than inside the
+        jitted step: there JAX has already converted float64 to float32 and
+        int64 to int32 (its 64-bit mode off), so neither the user's dtype nor
+        a label like 2**40 can be seen, and a failure after the step would
+        come after the donated state was consumed. A bad batch leaves the
+        state untouched.
+
+        Args:
+          inputs: user inputs and labels, in ``input_names`` (or
+            ``eval_input_names``) order: numpy or JAX arrays, or nested lists
+            (converted to the declared dtype).
+          eval: check against the eval model.
+
+        Returns:
+          The inputs, lists converted to numpy.
+
+        Raises:
+          InputError: a wrong count; a value that is not an array; a dtype
+            other than the declared one (ORT refuses them too; the message
+            says how to cast); a wrong rank or static dim; a class label out
+            of range for a SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss
+            (or their com.microsoft ``*Internal`` forms) that is not its
+            ``ignore_index``.
+        """
+        return (self._eval_inputs if eval else self._train_inputs).check(tuple(inputs))
 
     def train_step(self, state: TrainState, *inputs) -> tuple[TrainState, tuple]:
         """One forward/backward pass; gradients are added to (or overwrite) ``state.grads``.
@@ -409,10 +447,10 @@ class TrainProgram:
           ``(new_state, outputs)``; outputs are the user outputs, loss first.
 
         Raises:
-          InputError: wrong number, shape or dtype of inputs.
+          InputError: wrong number, shape or dtype of inputs, or labels
+            out of range (see :meth:`check_inputs`).
         """
-        self._check_arity(inputs, self.input_names, "train_step")
-        return self._jit_train(state, *inputs)
+        return self._jit_train(state, *self.check_inputs(inputs))
 
     def eval_step(self, state: TrainState, *inputs) -> tuple:
         """Evaluates the eval model (inference mode) on a batch.
@@ -423,9 +461,11 @@ class TrainProgram:
 
         Returns:
           The eval model's outputs.
+
+        Raises:
+          InputError: see :meth:`check_inputs`.
         """
-        self._check_arity(inputs, self.eval_input_names, "eval_step")
-        return self._jit_eval(state, *inputs)
+        return self._jit_eval(state, *self.check_inputs(inputs, eval=True))
 
     def optimizer_step(self, state: TrainState) -> TrainState:
         """Applies the optimizer to the accumulated gradients (they are kept).
@@ -468,8 +508,7 @@ class TrainProgram:
         """
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
-        self._check_arity(inputs, self.input_names, "train_and_update")
-        return self._jit_fused(state, *inputs)
+        return self._jit_fused(state, *self.check_inputs(inputs))
 
     def __repr__(self) -> str:
         opt = self.optimizer.optimizer_type if self.optimizer else None
@@ -487,3 +526,184 @@ def _to_output(value, policy):
 def _has_name(model: onnx.ModelProto, name: str) -> bool:
     g = model.graph
     return any(i.name == name for i in g.input) or any(t.name == name for t in g.initializer)
+
+
+# Input validation ---------------------------------------------------------------------
+
+# Loss ops that gather class labels, (domain, op type) -> index of the
+# ignore_index input (the com.microsoft forms take it as an input), or None.
+_LABEL_LOSSES = {
+    ("", "SoftmaxCrossEntropyLoss"): None,
+    ("", "NegativeLogLikelihoodLoss"): None,
+    ("com.microsoft", "SoftmaxCrossEntropyLossInternal"): 3,
+    ("com.microsoft", "NegativeLogLikelihoodLossInternal"): 3,
+}
+# Ops between a label input and the loss that keep the label values.
+_SAME_VALUES = ("Identity", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+def _domain(node) -> str:
+    return "" if node.domain in ("", "ai.onnx") else node.domain
+
+
+def _label_checks(model: onnx.ModelProto, user_inputs) -> list:
+    """``(input name, scores value, ignore_index or None)`` for each label loss fed by a user input."""
+    producers = {o: n for n in model.graph.node for o in n.output if o}
+    constants = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output and n.attribute:
+            if n.attribute[0].type == onnx.AttributeProto.TENSOR:
+                constants[n.output[0]] = n.attribute[0].t
+    checks = []
+    for node in model.graph.node:
+        key = (_domain(node), node.op_type)
+        if key not in _LABEL_LOSSES or len(node.input) < 2:
+            continue
+        source = node.input[1]
+        while source not in user_inputs and source in producers and \
+                producers[source].op_type in _SAME_VALUES and _domain(producers[source]) == "":
+            source = producers[source].input[0]
+        if source not in user_inputs:
+            continue
+        ignore = None
+        slot = _LABEL_LOSSES[key]
+        if slot is None:
+            for attr in node.attribute:
+                if attr.name == "ignore_index":
+                    ignore = int(attr.i)
+        elif len(node.input) > slot and node.input[slot] in constants:
+            ignore = int(onnx.numpy_helper.to_array(constants[node.input[slot]]).reshape(()))
+        checks.append((source, node.input[0], ignore))
+    return checks
+
+
+def _static_class_counts(model: onnx.ModelProto, scores: set) -> dict:
+    """scores value -> number of classes (dim 1), where shape inference makes it static."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001  inference is an optimisation here; the fallback traces
+        return {}
+    counts = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in scores and len(dims) >= 2 and dims[1].HasField("dim_value"):
+            counts[vi.name] = int(dims[1].dim_value)
+    return counts
+
+
+class _InputChecker:
+    """Checks the user inputs and labels of one model before its compiled step runs."""
+
+    def __init__(self, model: onnx.ModelProto, info, names: Sequence[str], layout: ParameterLayout):
+        self.names = tuple(names)
+        declared = {vi.name: vi.type.tensor_type for vi in model.graph.input
+                    if vi.type.HasField("tensor_type")}
+        self.specs = []
+        for name in self.names:
+            tt = declared.get(name)
+            if tt is None:  # a label of a JAX loss_fn: the model does not declare it
+                self.specs.append((name, None, None))
+                continue
+            dtype = np.dtype(to_numpy_dtype(tt.elem_type)) if tt.elem_type else None
+            shape = None
+            if tt.HasField("shape"):
+                shape = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None)
+                              for d in tt.shape.dim)
+            self.specs.append((name, shape, dtype))
+        self.labels = _label_checks(model, set(self.names))
+        self._counts = _static_class_counts(model, {s for _, s, _ in self.labels}) if self.labels else {}
+        self._model, self._info, self._layout = model, info, layout
+        self._traced_counts: dict = {}
+        self._lock = threading.Lock()
+
+    def check(self, inputs: tuple) -> tuple:
+        if len(inputs) != len(self.names):
+            raise InputError(f"the model takes {len(self.names)} inputs {list(self.names)}, "
+                             f"given {len(inputs)}")
+        out = tuple(_check_input(spec, x) for spec, x in zip(self.specs, inputs))
+        if self.labels:
+            self._check_labels(out)
+        return out
+
+    def _check_labels(self, inputs: tuple) -> None:
+        values = dict(zip(self.names, inputs))
+        for name, scores, ignore in self.labels:
+            labels = values[name]
+            if isinstance(labels, jax.core.Tracer):
+                continue
+            count = self._counts.get(scores) or self._traced_count(scores, inputs)
+            if count is None:
+                continue
+            labels = np.asarray(labels)
+            bad = (labels < 0) | (labels >= count)
+            if ignore is not None:
+                bad &= labels != ignore
+            if bad.any():
+                where = np.argwhere(bad)
+                first = tuple(int(i) for i in where[0])
+                valid = f"0 to {count - 1}" + (f", or the ignore_index {ignore}" if ignore is not None else "")
+                raise InputError(
+                    f"input {name!r} has {len(where)} class label(s) out of range, e.g. {labels[first]} "
+                    f"at index {list(first)}: the scores {scores!r} have {count} classes, so labels "
+                    f"must be {valid}")
+
+    def _traced_count(self, scores: str, inputs: tuple):
+        """The class count from an abstract trace of the forward graph (symbolic dims), cached by shapes."""
+        key = (scores,) + tuple((tuple(np.shape(x)), str(np.asarray(x).dtype) if not hasattr(x, "dtype")
+                                 else str(x.dtype)) for x in inputs)
+        with self._lock:
+            if key in self._traced_counts:
+                return self._traced_counts[key]
+        graph_inputs = list(self._info.input_names)
+        try:
+            sliced = ort_artifacts.slice_model(self._model, [scores], keep_inputs=graph_inputs)
+            names = {i.name for i in sliced.graph.input}
+            graph = JaxGraph(sliced, params=list(self._info.param_initializers),
+                             param_inputs=[p for p in self._info.param_inputs if p in names],
+                             inputs=graph_inputs, outputs=[scores], check=False)
+            params = {n: jax.ShapeDtypeStruct(self._layout.shapes[n], self._layout.dtypes[n])
+                      for n in list(graph.params) + list(graph.param_inputs)}
+            args = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in inputs[:len(graph_inputs)]]
+            (shape,) = jax.eval_shape(graph.apply, params, *args)
+            count = int(shape.shape[1])
+        except (JaxortError, IndexError, KeyError):
+            count = None
+        with self._lock:
+            self._traced_counts[key] = count
+        return count
+
+
+def _check_input(spec, x):
+    """``x`` checked against ``(name, shape, dtype)``; nested lists become numpy arrays of the declared dtype."""
+    name, shape, dtype = spec
+    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+        array = np.asarray(x) if isinstance(x, (list, tuple, int, float, bool)) else None
+        if array is None or array.dtype == object:
+            raise InputError(f"input {name!r}: expected an array"
+                             + (f" of dtype {dtype} shape {_shape_text(shape)}" if dtype is not None else "")
+                             + f", given {type(x).__name__}")
+        if dtype is not None and array.dtype != dtype:
+            if not (array.dtype.kind in "biu" and dtype.kind in "biuf" and (array.dtype.kind == "b") ==
+                    (dtype.kind == "b")) and not (array.dtype.kind == "f" and dtype.kind == "f"):
+                raise InputError(f"input {name!r}: expected dtype {dtype}, given a list of "
+                                 f"{array.dtype} values")
+            array = array.astype(dtype)
+        x = array
+    given = np.dtype(x.dtype)
+    if dtype is not None and given != dtype:
+        # JAX arrays cannot hold 64-bit values with JAX's 64-bit mode off:
+        # an int32 jax.Array stands for an int64 input then, as inside jit.
+        jax_narrowed = isinstance(x, jax.Array) and given == jax.dtypes.canonicalize_dtype(dtype)
+        if not jax_narrowed:
+            raise InputError(
+                f"input {name!r}: expected dtype {dtype}, given {given}; ONNX Runtime refuses it too, and "
+                f"jaxort does not convert silently: pass it as {dtype} (e.g. x.astype(np.{dtype.name}))")
+    if shape is not None and (len(x.shape) != len(shape) or any(
+            isinstance(e, int) and e != g for e, g in zip(shape, x.shape))):
+        raise InputError(f"input {name!r}: expected shape {_shape_text(shape)} dtype {dtype}, given shape "
+                         f"{list(x.shape)} dtype {given}")
+    return x
+
+
+def _shape_text(shape) -> str:
+    return "any" if shape is None else str(list(shape))

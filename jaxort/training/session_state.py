@@ -133,10 +133,12 @@ PROGRAMS = ProgramCache()
 PROCESS_SEED = ProcessSeed()
 
 
-def _host_inputs(inputs: Sequence[Any], names: Sequence[str], what: str) -> list:
+def _host_inputs(inputs: Sequence[Any], names: Sequence[str], what: str) -> tuple:
+    # Values pass on as the caller gave them: TrainProgram checks their dtypes
+    # (np.asarray here would turn a list of floats into float64).
     if len(inputs) != len(names):
         raise InputError(f"{what} takes {len(names)} inputs {list(names)}, given {len(inputs)}")
-    return [x if isinstance(x, jax.Array) else np.asarray(x) for x in inputs]
+    return tuple(inputs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,8 +326,8 @@ class SessionState:
         base = self.detach()
         seed, generation = PROCESS_SEED.get()
         seed = 0 if seed is None else seed
-        layout = ParameterLayout.from_model(program.training_model, program.trainable_names,
-                                            program.frozen_names)
+        layout = program.layout
+        layout.check_checkpoint(base.checkpoint.parameters)
         train = None
         if not base.checkpoint.is_nominal:
             train = jax.device_put(program.init_state(base.checkpoint, seed=seed), device)

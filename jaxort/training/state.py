@@ -187,7 +187,7 @@ def _to_f32_scalar(x) -> jax.Array:
 
 def state_from_checkpoint(ckpt, optimizer, *, trainable_names: Sequence[str],
                           frozen_names: Sequence[str], seed: int = 0,
-                          default_learning_rate: float = 1e-3) -> TrainState:
+                          default_learning_rate: float = 1e-3, layout=None) -> TrainState:
     """Builds a TrainState from a ``jaxort.checkpoint.Checkpoint``.
 
     Args:
@@ -198,6 +198,8 @@ def state_from_checkpoint(ckpt, optimizer, *, trainable_names: Sequence[str],
       seed: the PRNG seed.
       default_learning_rate: the learning rate when the checkpoint has no
         optimizer group (ORT's fresh optimizer uses 0.001).
+      layout: a :class:`jaxort.training.ParameterLayout`; when given, every
+        parameter's shape and dtype must match it.
 
     Returns:
       The state. When the checkpoint has an optimizer group, its step and
@@ -206,7 +208,8 @@ def state_from_checkpoint(ckpt, optimizer, *, trainable_names: Sequence[str],
 
     Raises:
       CheckpointError: a nominal checkpoint, or missing / extra / misplaced
-        parameters or moments (all listed at once).
+        parameters or moments, or parameters whose shape or dtype differ
+        from ``layout`` (all listed at once).
     """
     if getattr(ckpt, "is_nominal", False):
         raise CheckpointError("a nominal checkpoint has no parameter values to train from")
@@ -226,6 +229,8 @@ def state_from_checkpoint(ckpt, optimizer, *, trainable_names: Sequence[str],
         problems.append(f"the checkpoint has parameters the model does not use: {extra}")
     if problems:
         raise CheckpointError("checkpoint does not match the training model: " + "; ".join(problems))
+    if layout is not None:
+        layout.check_checkpoint(all_params)
     state = TrainState(
         params=params,
         frozen=frozen,
