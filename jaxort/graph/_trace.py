@@ -543,6 +543,50 @@ def _check_default_opset(opsets: Mapping) -> None:
             f"{onnx.__version__} supports opsets 1 to {newest}")
 
 
+def _prepare_nodes(prep: _Preparer, kept: list, opsets: dict, static: dict, outputs, fuse: bool):
+    """Prepares the sliced nodes, each matched pattern group as one node.
+
+    Returns the nodes and one (pattern name, node names) pair per group. A node
+    keeps its index in ``kept`` (a group takes its last node's), so random
+    nodes draw the same keys with or without fusion.
+    """
+    if not fuse:
+        return [prep.node(n, opsets) for n in kept], ()
+    from jaxort.graph import patterns
+
+    nodes, fusions = [], []
+    for index, item in patterns.plan(kept, opsets, static, set(outputs), outer_reads):
+        if isinstance(item, onnx.NodeProto):
+            node = prep.node(item, opsets)
+        else:
+            node = _fused_node(item, opsets)
+            fusions.append((item.pattern.name, item.node_names))
+        node.index = index
+        nodes.append(node)
+    return nodes, tuple(fusions)
+
+
+def _fused_node(group, opsets: dict) -> _Node:
+    m = group.match
+    node = _Node()
+    node.proto = m.nodes[-1]
+    node.name = node.proto.name
+    node.op_type = group.pattern.name
+    node.domain = "jaxort.patterns"
+    node.opset = opsets.get("", 0)
+    node.inputs = tuple(m.inputs)
+    node.outputs = tuple(m.outputs)
+    node.subgraphs = {}
+    node.function = None
+    node.kwargs = dict(m.attrs)
+    names = ", ".join(repr(n) for n in group.node_names)
+    node.describe = f"pattern {group.pattern.name} (opset {node.opset}), nodes {names}"
+    node.handler = _registry.OpHandler(
+        domain=node.domain, op_type=node.op_type, since=1, fn=group.pattern.handler,
+        foldable=True, wants_ctx=False, accepts_all_attrs=True, attr_names=frozenset(m.attrs))
+    return node
+
+
 def _canonical(dtype) -> np.dtype:
     return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
@@ -582,6 +626,9 @@ class JaxGraph:
         Default: the graph outputs. Only the nodes they need are evaluated.
       extra_outputs: intermediate values to return after ``outputs``.
       check: validate the model with ``onnx.checker``.
+      fuse: replace recognised subgraphs (layer norm, softmax and its loss,
+        Gelu, attention; see ``jaxort.graph.patterns``) by fused handlers with
+        their own backward rules. ``fuse=False`` runs every node op by op.
 
     Attributes:
       model: the ``ModelProto``.
@@ -590,6 +637,7 @@ class JaxGraph:
       constants: initializers kept static, name -> numpy array.
       inputs: ``TensorInfo`` of each positional input.
       outputs: ``TensorInfo`` of each output.
+      fusions: one ``(pattern name, node names)`` pair per fused group.
 
     Example:
       >>> g = JaxGraph("model.onnx")                      # doctest: +SKIP
@@ -606,6 +654,7 @@ class JaxGraph:
         outputs: Sequence[str] | None = None,
         extra_outputs: Sequence[str] = (),
         check: bool = True,
+        fuse: bool = True,
     ):
         self.model = load_model(model, check=check)
         graph = self.model.graph
@@ -653,7 +702,8 @@ class JaxGraph:
                 "or initializers")
 
         kept, _ = backward_slice(graph.node, outputs)
-        nodes = [prep.node(n, self.opsets) for n in kept]
+        static = {n: v for n, v in initializers.items() if n not in set(params)}
+        nodes, self.fusions = _prepare_nodes(prep, kept, self.opsets, static, outputs, fuse)
         bound = set(inputs) | set(param_inputs) | set(initializers)
         needed_free = _free_names(nodes, bound)
         if needed_free:

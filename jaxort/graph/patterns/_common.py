@@ -1,0 +1,30 @@
+"""Helpers shared by the pattern families (not a family: the leading underscore keeps it
+out of discovery)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def unbroadcast(g, shape):
+    """Sums ``g`` down to ``shape``: the cotangent of a value broadcast to ``g.shape``."""
+    shape = tuple(shape)
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
+    if axes:
+        g = jnp.sum(g, axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def positive_axes(axes, ndim: int) -> tuple:
+    """``axes`` (None: all) as sorted non-negative ints."""
+    if axes is None:
+        return tuple(range(ndim))
+    return tuple(sorted(a + ndim if a < 0 else a for a in axes))
+
+
+def as_dtype(x, dtype):
+    """``x`` cast to ``dtype`` (a no-op when it already is)."""
+    return x if np.dtype(x.dtype) == np.dtype(dtype) else x.astype(dtype)

@@ -1,0 +1,141 @@
+"""Scaled dot-product attention written out.
+
+Matched form: MatMul(Q, Kt) -> an optional Mul or Div by a constant scalar ->
+an optional Add(mask) -> Softmax over the last axis -> MatMul(., V), where Kt
+is either a Transpose of K swapping its last two axes (folded into the group
+when nothing else reads it) or any value. Leading (batch, head) axes
+broadcast as MatMul's do.
+
+The backward rule reuses the saved probabilities: dV = P^T g, dS = P * (dP -
+sum(dP * P)) with dP = g V^T, then dQ and dK from dS. Products run in the
+input dtype (as the op-by-op path does); the softmax runs in float32 for
+narrower floats.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxort.graph.ops._common import at_least_float32
+from jaxort.graph.patterns._common import as_dtype, unbroadcast
+from jaxort.graph.patterns._match import Match, is_op, register_pattern
+
+
+def _swap(a):
+    return jnp.swapaxes(a, -1, -2)
+
+
+def _scaled(s, scale, divide):
+    if scale is None:
+        return s
+    c = jnp.asarray(scale, s.dtype)
+    return s / c if divide else s * c
+
+
+def _probs(q, kt, mask, scale, divide):
+    s = _scaled(jnp.matmul(q, kt), scale, divide)
+    if mask is not None:
+        s = s + mask
+    return jax.nn.softmax(as_dtype(s, at_least_float32(s.dtype)), axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _attention(q, kt, v, mask, scale, divide):
+    p = _probs(q, kt, mask, scale, divide)
+    return jnp.matmul(as_dtype(p, v.dtype), v)
+
+
+def _attention_fwd(q, kt, v, mask, scale, divide):
+    p = _probs(q, kt, mask, scale, divide)
+    return jnp.matmul(as_dtype(p, v.dtype), v), (q, kt, v, mask, p)
+
+
+def _attention_bwd(scale, divide, res, g):
+    q, kt, v, mask, p = res
+    pd = as_dtype(p, v.dtype)
+    dv = unbroadcast(jnp.matmul(_swap(pd), g), v.shape)
+    dp = as_dtype(jnp.matmul(g, _swap(v)), p.dtype)
+    ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True))
+    dmask = None if mask is None else as_dtype(unbroadcast(ds, np.shape(mask)),
+                                               jnp.result_type(mask))
+    ds = _scaled(as_dtype(ds, q.dtype), scale, divide)
+    dq = unbroadcast(jnp.matmul(ds, _swap(kt)), q.shape)
+    dkt = unbroadcast(jnp.matmul(_swap(q), ds), kt.shape)
+    return as_dtype(dq, q.dtype), as_dtype(dkt, kt.dtype), as_dtype(dv, v.dtype), dmask
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def attention(q, k, v, mask=None, *, scale=None, divide=False, transpose_k=False, axis=-1):
+    """softmax(Q Kt * scale (or / scale) + mask) V, Kt = K with its last axes swapped if asked.
+
+    ``axis`` is the Softmax's axis; the fused rule needs the last one, else the
+    group runs as written.
+    """
+    kt = _swap(k) if transpose_k else k
+    if jnp.ndim(q) < 2 or jnp.ndim(kt) < 2 or (axis + jnp.ndim(q) if axis < 0 else axis) \
+            != max(jnp.ndim(q), jnp.ndim(kt)) - 1:
+        s = _scaled(jnp.matmul(q, kt), scale, divide)
+        s = s if mask is None else s + mask
+        return jnp.matmul(jax.nn.softmax(s, axis=axis), v)
+    return _attention(q, kt, v, mask, scale, divide)
+
+
+def _score_path(g, name):
+    """The nodes from the scores MatMul to ``name``: (nodes, matmul, scale, divide) or None."""
+    node = g.producer(name)
+    scale, divide, nodes = None, False, []
+    if is_op(node, "Mul") or is_op(node, "Div"):
+        for i in (node.input if is_op(node, "Mul") else node.input[:1]):
+            c = g.scalar(g.other_input(node, i))
+            if c is not None:
+                scale, divide = c, is_op(node, "Div")
+                nodes.append(node)
+                node = g.producer(i)
+                break
+        else:
+            return None
+    if not is_op(node, "MatMul"):
+        return None
+    return [node] + nodes, node, scale, divide
+
+
+@register_pattern("attention", anchors=("Softmax",), handler=attention, priority=40)
+def match_attention(g, sm):
+    """Scaled dot-product attention, from its Softmax."""
+    axis = int(g.attr(sm, "axis", -1 if g.opset() >= 13 else 1))
+    if g.opset() < 13 and axis != -1:
+        return None
+    out = g.sole_consumer(sm.output[0], "MatMul")
+    if out is None or out.input[0] != sm.output[0]:
+        return None
+    mask, path = "", None
+    add = g.producer(sm.input[0])
+    if is_op(add, "Add"):
+        for i in add.input:
+            path = _score_path(g, i)
+            if path is not None:
+                mask = g.other_input(add, i)
+                path = (path[0] + [add],) + path[1:]
+                break
+    if path is None:
+        path = _score_path(g, sm.input[0])
+    if path is None:
+        return None
+    nodes, mm, scale, divide = path
+    q, k = mm.input
+    transpose_k = False
+    tr = g.producer(k)
+    if is_op(tr, "Transpose") and g.sole_consumer(k) is mm:
+        perm = g.attr(tr, "perm")
+        n = 0 if perm is None else len(perm)
+        if n >= 2 and list(perm) == list(range(n - 2)) + [n - 1, n - 2]:
+            nodes.insert(0, tr)
+            k, transpose_k = tr.input[0], True
+    return Match(tuple(nodes + [sm, out]), (q, k, out.input[1], mask), (out.output[0],),
+                 {"scale": scale, "divide": divide, "transpose_k": transpose_k, "axis": axis})
