@@ -18,6 +18,7 @@ __all__ = [
     "OpError",
     "StaticValueError",
     "InputError",
+    "ArgumentTypeError",
     "UnknownNameError",
     "CheckpointError",
     "TrainingError",
@@ -57,6 +58,10 @@ class StaticValueError(OpError):
 
 class InputError(JaxortError, ValueError):
     """A user input is missing, unknown, or has the wrong shape or dtype."""
+
+
+class ArgumentTypeError(InputError, TypeError):
+    """An argument of the wrong type (a facade given None for a state, a number for a path)."""
 
 
 class UnknownNameError(InputError, KeyError):

@@ -33,6 +33,7 @@ from jaxort import checkpoint as _ckpt
 from jaxort import training as _training
 from jaxort.errors import InputError, StateError, UnknownNameError
 from jaxort.graph import resolve_device
+from jaxort.training.session_state import SessionCell
 
 __all__ = [
     "SUPPORTED_API_VERSIONS",
@@ -72,7 +73,9 @@ class CheckpointHandle:
     time: creating a second session from it detaches the first.
 
     Attributes:
-      session_state: the current value; every call replaces it.
+      cell: the :class:`jaxort.training.session_state.SessionCell` holding
+        the value; every call replaces it under the cell's lock, so calls
+        from several threads (on the handle or its session) are serialized.
     """
 
     def __init__(self, data: Union[_ckpt.Checkpoint, _training.SessionState]):
@@ -83,7 +86,16 @@ class CheckpointHandle:
         """
         if not isinstance(data, _training.SessionState):
             data = _training.SessionState.from_checkpoint(data)
-        self.session_state = data
+        self.cell = SessionCell(data)
+
+    @property
+    def session_state(self) -> _training.SessionState:
+        """The current :class:`jaxort.training.SessionState`."""
+        return self.cell.value
+
+    @session_state.setter
+    def session_state(self, value: _training.SessionState) -> None:
+        self.cell.value = value
 
     def has_parameter(self, name: str) -> bool:
         """Whether ``name`` is a parameter of the state."""
@@ -104,11 +116,11 @@ class CheckpointHandle:
 
     def get_parameter(self, name: str) -> np.ndarray:
         """The parameter's current value (a numpy copy); UnknownNameError / StateError (nominal)."""
-        return self.session_state.parameter(name)
+        return self.cell.run(lambda st: st.parameter(name))
 
     def get_gradient(self, name: str) -> Optional[np.ndarray]:
         """The accumulated gradient of a trainable parameter, or None (frozen, or no session yet)."""
-        return self.session_state.gradient(name)
+        return self.cell.run(lambda st: st.gradient(name))
 
     def get_parameter_type_and_shape(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
         """The parameter's dtype and shape (works on nominal states)."""
@@ -116,11 +128,11 @@ class CheckpointHandle:
 
     def update_parameter(self, name: str, value: Any) -> None:
         """Replaces a parameter's value; shape and dtype must match (InputError otherwise)."""
-        self.session_state = self.session_state.update_parameter(name, value)
+        self.cell.run(lambda st: st.update_parameter(name, value))
 
     def add_property(self, name: str, value: Union[int, float, str]) -> None:
         """Adds or replaces a property: int (int64), float (stored as float32) or str."""
-        self.session_state = self.session_state.add_property(name, value)
+        self.cell.run(lambda st: st.add_property(name, value))
 
     def get_property(self, name: str) -> Union[int, float, str]:
         """A property's value; UnknownNameError when there is none."""
@@ -136,12 +148,12 @@ class CheckpointHandle:
 
     def to_checkpoint(self, include_optimizer_state: bool = False) -> _ckpt.Checkpoint:
         """The state as a :class:`jaxort.checkpoint.Checkpoint` (numpy), as it would be saved."""
-        return self.session_state.to_checkpoint(include_optimizer_state)
+        return self.cell.run(lambda st: st.to_checkpoint(bool(include_optimizer_state)))
 
 
 def load_checkpoint(path: PathLike) -> CheckpointHandle:
     """Loads a checkpoint file, complete or nominal (LoadCheckpoint); CheckpointError if malformed."""
-    return CheckpointHandle(_ckpt.load(os.fspath(path)))
+    return CheckpointHandle(_ckpt.load(path))
 
 
 def load_checkpoint_from_buffer(buffer: Union[bytes, bytearray, memoryview]) -> CheckpointHandle:
@@ -162,7 +174,7 @@ def save_checkpoint(state: CheckpointHandle, path: PathLike, include_optimizer_s
       include_optimizer_state: also save the optimizer's step, initial
         learning rate and moments.
     """
-    _ckpt.save(state.to_checkpoint(include_optimizer_state), os.fspath(path),
+    _ckpt.save(state.to_checkpoint(include_optimizer_state), path,
                include_optimizer_state=include_optimizer_state)
 
 
@@ -236,7 +248,7 @@ class TrainingSession:
         self._handle = state
         self._program = program
         self._released = False
-        state.session_state = state.session_state.attach(program, device=device, owner=self)
+        state.cell.run(lambda st: st.attach(program, device=device, owner=self))
 
     @classmethod
     def from_buffers(cls, state: CheckpointHandle, train_model: bytes, eval_model: Optional[bytes] = None,
@@ -250,18 +262,11 @@ class TrainingSession:
             None if b is None else bytes(b) for b in (train_model, eval_model, optimizer_model))
         return cls(state, train_model, eval_model, optimizer_model, device=device)
 
-    def _get(self) -> _training.SessionState:
-        """The handle's value, once this session still owns it and follows the process seed."""
+    def _run(self, fn):
+        """``fn(state)`` as one transaction on the handle's cell, once this session still owns it."""
         if self._released:
             raise StateError("the TrainingSession was released")
-        st = self._handle.session_state
-        st.require_owner(self)
-        st = st.follow_seed()
-        self._handle.session_state = st
-        return st
-
-    def _put(self, st: _training.SessionState) -> None:
-        self._handle.session_state = st
+        return self._handle.cell.run(fn, owner=self)
 
     def train_step(self, *inputs) -> tuple[np.ndarray, ...]:
         """Runs one training step (TrainStep): forward, loss, gradient accumulation.
@@ -272,17 +277,15 @@ class TrainingSession:
         back as numpy arrays, loss first. InputError for wrong inputs,
         StateError once released or while nominal.
         """
-        st, outputs = self._get().train_step(inputs)
-        self._put(st)
-        return outputs
+        return self._run(lambda st: st.train_step(inputs))
 
     def eval_step(self, *inputs) -> tuple[np.ndarray, ...]:
         """Runs the eval model on the current parameters (EvalStep); StateError without an eval model."""
-        return self._get().eval_step(inputs)
+        return self._run(lambda st: st.eval_step(inputs))
 
     def lazy_reset_grad(self) -> None:
         """Makes the next train step overwrite the gradients instead of adding to them (LazyResetGrad)."""
-        self._put(self._get().lazy_reset_grad())
+        self._run(lambda st: st.lazy_reset_grad())
 
     def optimizer_step(self) -> None:
         """Updates the trainable parameters from the accumulated gradients, which stay (OptimizerStep).
@@ -290,7 +293,7 @@ class TrainingSession:
         StateError without an optimizer model, or before any train step of
         this session (ORT 1.19.2 would step on zero gradients).
         """
-        self._put(self._get().optimizer_step())
+        self._run(lambda st: st.optimizer_step())
 
     def attach_optimizer(self, optimizer_model: ModelLike) -> None:
         """Gives a session created without an optimizer model one (``onnxruntime.training.api.Optimizer``).
@@ -298,19 +301,18 @@ class TrainingSession:
         Parameters, gradients and the PRNG key carry over; the optimizer state
         starts from the checkpoint's optimizer group if it has one.
         """
-        st = self._get()
-        program = _training.PROGRAMS.get(st.program.training_model, st.program.eval_model,
-                                         optimizer_model, st.checkpoint)
-        self._put(st.with_optimizer(program))
+        base, checkpoint = self._run(lambda st: (st.program, st.checkpoint))
+        program = _training.PROGRAMS.get(base.training_model, base.eval_model, optimizer_model, checkpoint)
+        self._run(lambda st: st.with_optimizer(program))
         self._program = program
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next optimizer steps (SetLearningRate)."""
-        self._put(self._get().set_learning_rate(learning_rate))
+        self._run(lambda st: st.set_learning_rate(learning_rate))
 
     def get_learning_rate(self) -> float:
         """The current learning rate (GetLearningRate), a float32 value as a Python float."""
-        return self._get().learning_rate()
+        return self._run(lambda st: st.learning_rate())
 
     def register_linear_lr_scheduler(self, warmup_step_count: int, total_step_count: int,
                                      initial_lr: float) -> None:
@@ -322,11 +324,11 @@ class TrainingSession:
         their documented meaning, as in ORT's C API (ORT 1.19.2's *Python*
         LinearLRScheduler swaps them; see ``jaxort.api.LinearLRScheduler``).
         """
-        self._put(self._get().register_linear_lr_scheduler(warmup_step_count, total_step_count, initial_lr))
+        self._run(lambda st: st.register_linear_lr_scheduler(warmup_step_count, total_step_count, initial_lr))
 
     def scheduler_step(self) -> None:
         """Recomputes the learning rate from the optimizer step count (SchedulerStep)."""
-        self._put(self._get().scheduler_step())
+        self._run(lambda st: st.scheduler_step())
 
     def get_parameters_size(self, trainable_only: bool = False) -> int:
         """Number of parameter elements (GetParametersSize); works on nominal states.
@@ -336,7 +338,7 @@ class TrainingSession:
             ORT's C++ API default (False); ``jaxort.api`` keeps the Python
             default (True).
         """
-        return self._get().parameters_size(trainable_only)
+        return self._run(lambda st: st.parameters_size(trainable_only))
 
     def copy_parameters_to_buffer(self, trainable_only: bool = False) -> np.ndarray:
         """The parameters flattened into one new float32 vector (CopyParametersToBuffer).
@@ -344,7 +346,7 @@ class TrainingSession:
         The order is the training model's parameter inputs, as in ORT (which
         fills an OrtValue); StateError on a nominal state.
         """
-        return self._get().parameters_to_buffer(trainable_only)
+        return self._run(lambda st: st.parameters_to_buffer(trainable_only))
 
     def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = False) -> None:
         """Sets parameters from one flat float32 vector (CopyBufferToParameters).
@@ -354,7 +356,7 @@ class TrainingSession:
         be False, as in ORT) and makes the session ready to train. InputError
         for a wrong size or dtype.
         """
-        self._put(self._get().buffer_to_parameters(buffer, trainable_only))
+        self._run(lambda st: st.buffer_to_parameters(buffer, trainable_only))
 
     def export_model_for_inferencing(self, inference_model_path: PathLike,
                                      graph_output_names: Sequence[str]) -> None:
@@ -364,28 +366,28 @@ class TrainingSession:
         initializers; the file loads in ``onnxruntime.InferenceSession``.
         StateError without an eval model; TrainingError for an unknown output.
         """
-        onnx.save(self._get().export_model(graph_output_names), os.fspath(inference_model_path))
+        onnx.save(self._run(lambda st: st.export_model(graph_output_names)), os.fspath(inference_model_path))
 
     def set_seed(self, seed: int) -> None:
         """Reseeds this session's random training-mode ops (Dropout)."""
-        self._put(self._get().set_seed(seed))
+        self._run(lambda st: st.set_seed(seed))
 
     def training_model_input_names(self) -> list[str]:
         """The training model's user inputs then labels (parameters and buffers excluded)."""
-        return list(self._get().program.input_names)
+        return list(self._run(lambda st: st.program).input_names)
 
     def training_model_output_names(self) -> list[str]:
         """The training model's user outputs, loss first (gradient outputs excluded)."""
-        return list(self._get().program.output_names)
+        return list(self._run(lambda st: st.program).output_names)
 
     def eval_model_input_names(self) -> list[str]:
         """The eval model's user inputs then labels; empty without an eval model."""
-        program = self._get().program
+        program = self._run(lambda st: st.program)
         return list(program.eval_input_names) if program.has_eval_model else []
 
     def eval_model_output_names(self) -> list[str]:
         """The eval model's outputs; empty without an eval model."""
-        program = self._get().program
+        program = self._run(lambda st: st.program)
         return list(program.eval_output_names) if program.has_eval_model else []
 
     # TrainingSessionGet{Training,Eval}Model{Input,Output}{Count,Name}
@@ -416,7 +418,7 @@ class TrainingSession:
     @property
     def device(self) -> jax.Device:
         """The JAX device holding the state."""
-        return self._get().device
+        return self._run(lambda st: st.device)
 
     @property
     def train_state(self):
@@ -439,11 +441,8 @@ class TrainingSession:
         if self._released:
             return
         self._released = True
-        st = self._handle.session_state
-        if st.owner is not self:
-            return
-        self._handle.session_state = st.detach()
-        for leaf in jax.tree_util.tree_leaves(st.train):
+        st = self._handle.cell.run(lambda st: (st.detach(), st) if st.owner is self else None)
+        for leaf in jax.tree_util.tree_leaves(None if st is None else st.train):
             if isinstance(leaf, jax.Array) and not leaf.is_deleted():
                 leaf.delete()
 

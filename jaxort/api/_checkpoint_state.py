@@ -17,6 +17,8 @@ import numpy as np
 
 from jaxort import checkpoint as _ckpt
 from jaxort import training as _training
+from jaxort.errors import ArgumentTypeError
+from jaxort.training.session_state import SessionCell
 
 __all__ = ["CheckpointState", "Parameter", "Parameters", "Properties"]
 
@@ -41,17 +43,17 @@ class Parameter:
     @property
     def data(self) -> np.ndarray:
         """The parameter's value (a numpy copy)."""
-        return self._state.session_state.parameter(self._name)
+        return self._state.cell.run(lambda st: st.parameter(self._name))
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
         """Replaces the value; shape and dtype must match (InputError otherwise)."""
-        self._state.session_state = self._state.session_state.update_parameter(self._name, value)
+        self._state.cell.run(lambda st: st.update_parameter(self._name, value))
 
     @property
     def grad(self) -> Optional[np.ndarray]:
         """The accumulated gradient, or None (frozen parameter, or no Module yet)."""
-        return self._state.session_state.gradient(self._name)
+        return self._state.cell.run(lambda st: st.gradient(self._name))
 
     @property
     def requires_grad(self) -> bool:
@@ -88,7 +90,7 @@ class Parameters:
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
         """Replaces a parameter's value (KeyError, InputError or StateError when it cannot)."""
-        self._state.session_state = self._state.session_state.update_parameter(name, value)
+        self._state.cell.run(lambda st: st.update_parameter(name, value))
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self._state.session_state.has_parameter(name)
@@ -138,7 +140,7 @@ class Properties:
 
     def __setitem__(self, name: str, value: Union[int, float, str]) -> None:
         """Adds or replaces a property; InputError for a value that is not int, float or str."""
-        self._state.session_state = self._state.session_state.add_property(name, value)
+        self._state.cell.run(lambda st: st.add_property(name, value))
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self._state.session_state.properties
@@ -171,8 +173,10 @@ class CheckpointState:
     training state on its device.
 
     Attributes:
-      session_state: the current :class:`jaxort.training.SessionState`;
-        every call replaces it.
+      cell: the :class:`jaxort.training.session_state.SessionCell` holding
+        the current :class:`jaxort.training.SessionState`; every call
+        replaces it under the cell's lock, so a state, its Module and its
+        Optimizer may be used from several threads: calls are serialized.
 
     Example:
       >>> state = CheckpointState.load_checkpoint("checkpoint")       # doctest: +SKIP
@@ -184,20 +188,29 @@ class CheckpointState:
         """Wraps a loaded :class:`jaxort.checkpoint.Checkpoint` (or a SessionState).
 
         Raises:
-          TypeError: another type.
+          ArgumentTypeError (a TypeError): another type.
         """
         if isinstance(state, _ckpt.Checkpoint):
             state = _training.SessionState.from_checkpoint(state)
         if not isinstance(state, _training.SessionState):
-            raise TypeError(f"Invalid argument for CheckpointState received {type(state)}")
-        self.session_state = state
+            raise ArgumentTypeError(f"Invalid argument for CheckpointState received {type(state)}")
+        self.cell = SessionCell(state)
         self._parameters = Parameters(self)
         self._properties = Properties(self)
+
+    @property
+    def session_state(self) -> _training.SessionState:
+        """The current :class:`jaxort.training.SessionState` (read from :attr:`cell`)."""
+        return self.cell.value
+
+    @session_state.setter
+    def session_state(self, value: _training.SessionState) -> None:
+        self.cell.value = value
 
     @classmethod
     def load_checkpoint(cls, checkpoint_uri: Union[str, os.PathLike]) -> "CheckpointState":
         """Loads a complete or nominal checkpoint file; CheckpointError if missing or malformed."""
-        return cls(_ckpt.load(os.fspath(checkpoint_uri)))
+        return cls(_ckpt.load(_path(checkpoint_uri, "checkpoint_uri")))
 
     @classmethod
     def save_checkpoint(cls, state: "CheckpointState", checkpoint_uri: Union[str, os.PathLike],
@@ -210,8 +223,11 @@ class CheckpointState:
           include_optimizer_state: also save the optimizer's step, initial
             learning rate and moments (when an Optimizer exists).
         """
-        _ckpt.save(state.session_state.to_checkpoint(include_optimizer_state), os.fspath(checkpoint_uri),
-                   include_optimizer_state=include_optimizer_state)
+        if not isinstance(state, CheckpointState):
+            raise ArgumentTypeError(f"state must be a jaxort.api.CheckpointState, got {type(state).__name__}")
+        path = _path(checkpoint_uri, "checkpoint_uri")
+        data = state.cell.run(lambda st: st.to_checkpoint(bool(include_optimizer_state)))
+        _ckpt.save(data, path, include_optimizer_state=bool(include_optimizer_state))
 
     @property
     def parameters(self) -> Parameters:
@@ -222,3 +238,9 @@ class CheckpointState:
     def properties(self) -> Properties:
         """The property bag."""
         return self._properties
+
+
+def _path(value, what: str) -> str:
+    if not isinstance(value, (str, os.PathLike)):
+        raise ArgumentTypeError(f"{what} must be a path (str or os.PathLike), got {type(value).__name__}")
+    return os.fspath(value)

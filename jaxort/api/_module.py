@@ -18,7 +18,7 @@ import onnx
 
 from jaxort import training as _training
 from jaxort.api._checkpoint_state import CheckpointState
-from jaxort.errors import StateError
+from jaxort.errors import ArgumentTypeError, InputError
 from jaxort.graph import resolve_device
 
 __all__ = ["LinearLRScheduler", "Module", "Optimizer"]
@@ -60,7 +60,7 @@ class Module:
           InputError: the device is unknown or not available.
         """
         if not isinstance(state, CheckpointState):
-            raise TypeError(f"state must be a jaxort.api.CheckpointState, got {type(state).__name__}")
+            raise ArgumentTypeError(f"state must be a jaxort.api.CheckpointState, got {type(state).__name__}")
         device = resolve_device(device)
         program = _training.PROGRAMS.get(_uri(train_model_uri), _uri(eval_model_uri), None,
                                          state.session_state.checkpoint)
@@ -68,17 +68,10 @@ class Module:
         self._state = state
         state.session_state = state.session_state.attach(program, device=device, owner=self)
 
-    def _get(self) -> _training.SessionState:
-        """The state's value, once this Module still owns it and follows the process seed."""
-        st = self._state.session_state
-        if st.owner is not self:
-            raise StateError("the CheckpointState is now used by another Module")
-        st = st.follow_seed()
-        self._state.session_state = st
-        return st
-
-    def _put(self, st: _training.SessionState) -> None:
-        self._state.session_state = st
+    def _run(self, fn, optimizer: Any = None):
+        """``fn(state)`` as one transaction on the CheckpointState's cell, once this Module owns it."""
+        return self._state.cell.run(fn, owner=self, optimizer=optimizer,
+                                    owner_message="the CheckpointState is now used by another Module")
 
     def __call__(self, *user_inputs) -> Union[np.ndarray, tuple[np.ndarray, ...]]:
         """Runs a train step (training mode) or an eval step (eval mode).
@@ -96,15 +89,14 @@ class Module:
           StateError: eval mode without an eval model; nominal state.
         """
         if self.training:
-            st, outputs = self._get().train_step(user_inputs)
-            self._put(st)
+            outputs = self._run(lambda st: st.train_step(user_inputs))
         else:
-            outputs = self._get().eval_step(user_inputs)
+            outputs = self._run(lambda st: st.eval_step(user_inputs))
         return outputs[0] if len(outputs) == 1 else outputs
 
     def train(self, mode: bool = True) -> "Module":
         """Sets training mode (``mode=True``) or eval mode; returns self."""
-        self.training = mode
+        self.training = _flag(mode, "mode")
         return self
 
     def eval(self) -> "Module":
@@ -113,7 +105,7 @@ class Module:
 
     def lazy_reset_grad(self) -> None:
         """Makes the next train step overwrite the gradients instead of adding to them."""
-        self._put(self._get().lazy_reset_grad())
+        self._run(lambda st: st.lazy_reset_grad())
 
     def get_contiguous_parameters(self, trainable_only: bool = False) -> np.ndarray:
         """The parameters as one float32 vector, in the training model's input order.
@@ -126,11 +118,13 @@ class Module:
         Raises:
           StateError: nominal state.
         """
-        return self._get().parameters_to_buffer(trainable_only)
+        trainable_only = _flag(trainable_only, "trainable_only")
+        return self._run(lambda st: st.parameters_to_buffer(trainable_only))
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (works on nominal states)."""
-        return self._get().parameters_size(trainable_only)
+        trainable_only = _flag(trainable_only, "trainable_only")
+        return self._run(lambda st: st.parameters_size(trainable_only))
 
     def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = True) -> None:
         """Sets the parameters from one float32 vector (numpy, JAX, or anything with ``.numpy()``).
@@ -144,7 +138,8 @@ class Module:
         """
         if hasattr(buffer, "numpy") and not isinstance(buffer, np.ndarray):
             buffer = buffer.numpy()
-        self._put(self._get().buffer_to_parameters(buffer, trainable_only))
+        trainable_only = _flag(trainable_only, "trainable_only")
+        self._run(lambda st: st.buffer_to_parameters(buffer, trainable_only))
 
     def export_model_for_inferencing(self, inference_model_uri: PathLike,
                                      graph_output_names: Sequence[str]) -> None:
@@ -154,18 +149,19 @@ class Module:
           StateError: no eval model.
           TrainingError: an unknown output name.
         """
-        onnx.save(self._get().export_model(graph_output_names), os.fspath(inference_model_uri))
+        path, names = _output_path(inference_model_uri), _names(graph_output_names)
+        onnx.save(self._run(lambda st: st.export_model(names)), path)
 
     def input_names(self) -> list[str]:
         """User inputs then labels of the training model (eval model in eval mode)."""
-        program = self._get().program
+        program = self._run(lambda st: st.program)
         if self.training:
             return list(program.input_names)
         return list(program.eval_input_names) if program.has_eval_model else []
 
     def output_names(self) -> list[str]:
         """User outputs of the training model (eval model in eval mode), loss first."""
-        program = self._get().program
+        program = self._run(lambda st: st.program)
         if self.training:
             return list(program.output_names)
         return list(program.eval_output_names) if program.has_eval_model else []
@@ -178,6 +174,14 @@ class Optimizer:
     loaded from a checkpoint saved with its optimizer state, the step and
     moments are restored and the learning rate is the group's saved initial
     learning rate (ORT 1.19.2 restores step and moments but starts at 0.001).
+
+    A Module has one optimizer. A second ``Optimizer`` on the same Module
+    takes over, as a second Module takes over a CheckpointState: it starts
+    as the first one did (from the loaded checkpoint's optimizer group, else
+    fresh), any scheduler is dropped, and the previous Optimizer and its
+    LinearLRScheduler raise :class:`jaxort.errors.StateError` from then on,
+    so two step counts never drive one state. Re-running a notebook cell
+    that builds the optimizer thus restarts it, visibly.
     """
 
     def __init__(self, optimizer_uri: Any, module: Module):
@@ -188,12 +192,11 @@ class Optimizer:
           module: the module to train.
         """
         if not isinstance(module, Module):
-            raise TypeError(f"module must be a jaxort.api.Module, got {type(module).__name__}")
+            raise ArgumentTypeError(f"module must be a jaxort.api.Module, got {type(module).__name__}")
         self._module = module
-        st = module._get()
-        program = _training.PROGRAMS.get(st.program.training_model, st.program.eval_model,
-                                         _uri(optimizer_uri), st.checkpoint)
-        module._put(st.with_optimizer(program))
+        base, checkpoint = module._run(lambda st: (st.program, st.checkpoint))
+        program = _training.PROGRAMS.get(base.training_model, base.eval_model, _uri(optimizer_uri), checkpoint)
+        module._run(lambda st: st.with_optimizer(program, owner=self))
 
     def step(self) -> None:
         """Applies one optimizer step; gradients are kept.
@@ -202,15 +205,15 @@ class Optimizer:
           StateError: no train step has run yet (ORT 1.19.2 would step on
             zero gradients).
         """
-        self._module._put(self._module._get().optimizer_step())
+        self._module._run(lambda st: st.optimizer_step(), optimizer=self)
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next steps."""
-        self._module._put(self._module._get().set_learning_rate(learning_rate))
+        self._module._run(lambda st: st.set_learning_rate(learning_rate), optimizer=self)
 
     def get_learning_rate(self) -> float:
         """The current learning rate (a float32 value)."""
-        return self._module._get().learning_rate()
+        return self._module._run(lambda st: st.learning_rate(), optimizer=self)
 
 
 class LinearLRScheduler:
@@ -243,14 +246,14 @@ class LinearLRScheduler:
             records as the initial learning rate).
         """
         if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"optimizer must be a jaxort.api.Optimizer, got {type(optimizer).__name__}")
-        self._module = optimizer._module
-        self._module._put(self._module._get().register_linear_lr_scheduler(
-            warmup_step_count, total_step_count, initial_lr))
+            raise ArgumentTypeError(f"optimizer must be a jaxort.api.Optimizer, got {type(optimizer).__name__}")
+        self._optimizer = optimizer
+        optimizer._module._run(lambda st: st.register_linear_lr_scheduler(
+            warmup_step_count, total_step_count, initial_lr), optimizer=optimizer)
 
     def step(self) -> None:
         """Recomputes the learning rate from the optimizer's step count."""
-        self._module._put(self._module._get().scheduler_step())
+        self._optimizer._module._run(lambda st: st.scheduler_step(), optimizer=self._optimizer)
 
 
 def _uri(uri: Any) -> Optional[Any]:
@@ -259,3 +262,23 @@ def _uri(uri: Any) -> Optional[Any]:
     if isinstance(uri, (str, os.PathLike)):
         return os.fspath(uri)
     return uri
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{what} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def _output_path(value: Any) -> str:
+    if not isinstance(value, (str, os.PathLike)):
+        raise ArgumentTypeError(f"inference_model_uri must be a path, got {type(value).__name__}")
+    return os.fspath(value)
+
+
+def _names(value: Any) -> list:
+    # A bare string would be split into characters.
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or \
+            not all(isinstance(n, str) for n in value):
+        raise InputError(f"graph_output_names must be a list of str, got {value!r}")
+    return list(value)

@@ -44,7 +44,7 @@ from jaxort.training.schedules import linear_lr_schedule
 from jaxort.training.state import TrainState, apply_schedule, set_initial_learning_rate, set_learning_rate
 from jaxort.training.state import set_seed as _reseed
 
-__all__ = ["PROCESS_SEED", "PROGRAMS", "ProcessSeed", "ProgramCache", "SessionState"]
+__all__ = ["PROCESS_SEED", "PROGRAMS", "ProcessSeed", "ProgramCache", "SessionCell", "SessionState"]
 
 _NOMINAL_STEP = ("Cannot run a step with a nominal checkpoint state: its parameters have no values. "
                  "Please load the model parameters first (copy_buffer_to_parameters with "
@@ -141,6 +141,74 @@ def _host_inputs(inputs: Sequence[Any], names: Sequence[str], what: str) -> tupl
     return tuple(inputs)
 
 
+class SessionCell:
+    """The one mutable box of a facade's state handle: a :class:`SessionState` behind a lock.
+
+    Every facade call is one :meth:`run`: read the value, compute, replace
+    it, all under the cell's lock. Calls from several threads on one state
+    (and on the Modules, Optimizers and sessions sharing it) are therefore
+    serialized: each sees the previous one's result, no optimizer step is
+    lost, and no call reads an array a concurrent step has donated. They do
+    not run in parallel; use one state per thread for that.
+
+    Args:
+      value: the initial state.
+    """
+
+    def __init__(self, value: "SessionState"):
+        self._value = value
+        self._lock = threading.RLock()
+
+    @property
+    def value(self) -> "SessionState":
+        """The current state."""
+        with self._lock:
+            return self._value
+
+    @value.setter
+    def value(self, value: "SessionState") -> None:
+        with self._lock:
+            self._value = value
+
+    def run(self, fn: Callable, *, owner: Any = None, owner_message: Optional[str] = None,
+            optimizer: Any = None):
+        """Runs ``fn(state)`` as one transaction and returns its result.
+
+        Args:
+          fn: returns a new :class:`SessionState` (which replaces the value;
+            ``run`` returns None), a ``(SessionState, result)`` pair (replaces
+            it and returns ``result``), or anything else (returned; the value
+            stays).
+          owner: when given, the session must be ``owner``'s
+            (:meth:`SessionState.require_owner`) and follows the process seed first.
+          owner_message: the StateError message when it is not.
+          optimizer: when given, the optimizer must be this one
+            (:meth:`SessionState.require_optimizer_owner`).
+
+        Raises:
+          StateError: ``owner`` or ``optimizer`` no longer drives the state;
+            and whatever ``fn`` raises (the value then stays as it was).
+        """
+        with self._lock:
+            st = self._value
+            if owner is not None:
+                if owner_message is None:
+                    st.require_owner(owner)
+                else:
+                    st.require_owner(owner, owner_message)
+                st = self._value = st.follow_seed()
+            if optimizer is not None:
+                st.require_optimizer_owner(optimizer)
+            out = fn(st)
+            if isinstance(out, SessionState):
+                self._value = out
+                return None
+            if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], SessionState):
+                self._value, result = out
+                return result
+            return out
+
+
 @dataclasses.dataclass(frozen=True)
 class SessionState:
     """A checkpoint state, and the session over it when there is one.
@@ -161,6 +229,9 @@ class SessionState:
       seed_generation: the :class:`ProcessSeed` generation last followed.
       has_grads: a train step ran in this session.
       schedule: the registered learning-rate schedule, or None.
+      optimizer_owner: an opaque token of the facade optimizer that drives
+        the session's optimizer; a replaced optimizer's calls are refused
+        (:meth:`require_optimizer_owner`).
     """
 
     checkpoint: ckpt.Checkpoint
@@ -174,6 +245,7 @@ class SessionState:
     seed_generation: int = 0
     has_grads: bool = False
     schedule: Optional[Callable] = None
+    optimizer_owner: Any = None
 
     @classmethod
     def from_checkpoint(cls, checkpoint: ckpt.Checkpoint) -> "SessionState":
@@ -332,7 +404,8 @@ class SessionState:
         if not base.checkpoint.is_nominal:
             train = jax.device_put(program.init_state(base.checkpoint, seed=seed), device)
         return base.replace(program=program, layout=layout, train=train, device=device, owner=owner,
-                            seed=seed, seed_generation=generation, has_grads=False, schedule=None)
+                            seed=seed, seed_generation=generation, has_grads=False, schedule=None,
+                            optimizer_owner=None)
 
     def detach(self) -> "SessionState":
         """Ends the session: its current values (and optimizer state) go back into ``checkpoint``."""
@@ -344,24 +417,35 @@ class SessionState:
             if not self.program.has_optimizer:
                 checkpoint = checkpoint.replace(optimizer_groups=self.checkpoint.optimizer_groups)
         return self.replace(checkpoint=checkpoint, program=None, layout=None, train=None, device=None,
-                            owner=None, has_grads=False, schedule=None)
+                            owner=None, has_grads=False, schedule=None, optimizer_owner=None)
 
-    def require_owner(self, owner: Any) -> None:
-        """Raises StateError unless ``owner``'s session holds the state."""
+    def require_owner(self, owner: Any, message: str = "the checkpoint state is now used by another "
+                                                       "TrainingSession") -> None:
+        """Raises StateError (with ``message``) unless ``owner``'s session holds the state."""
         if self.owner is not owner:
-            raise StateError("the checkpoint state is now used by another TrainingSession")
+            raise StateError(message)
 
-    def with_optimizer(self, program: TrainProgram) -> "SessionState":
-        """Gives the session an optimizer (``program``, the same models plus one).
+    def require_optimizer_owner(self, owner: Any) -> None:
+        """Raises StateError unless ``owner`` is the optimizer the session was last given."""
+        if self.optimizer_owner is not owner:
+            raise StateError("this Optimizer was replaced: a newer Optimizer was created on the same Module "
+                             "and drives its optimizer state now; use that one")
+
+    def with_optimizer(self, program: TrainProgram, owner: Any = None) -> "SessionState":
+        """Gives the session an optimizer (``program``, the same models plus one), driven by ``owner``.
 
         Parameters, gradients and the PRNG key carry over; the optimizer
         state starts from the checkpoint's optimizer group if it has one.
+        Called again, the new optimizer takes over: it starts the same way
+        (the previous one's steps and learning rate are not carried over),
+        its scheduler is dropped, and the previous owner's calls fail
+        :meth:`require_optimizer_owner`.
         """
         train = self.train
         if train is not None:
             train = jax.device_put(program.add_optimizer_state(train, self.checkpoint.optimizer_groups),
                                    self.device)
-        return self.replace(program=program, train=train, schedule=None)
+        return self.replace(program=program, train=train, schedule=None, optimizer_owner=owner)
 
     def follow_seed(self) -> "SessionState":
         """Reseeds the session if ORT's process-wide SetSeed was called since it last looked."""
