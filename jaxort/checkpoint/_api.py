@@ -8,24 +8,50 @@ from __future__ import annotations
 
 import mmap as _mmap
 import os
+import stat
 from typing import Optional, Union
 
 import numpy as np
 
 from jaxort.errors import CheckpointError
 
-from ._format import DEFAULT_EXTERNAL_DATA_THRESHOLD, external_data_path
+from ._files import open_external_data, write_files
+from ._format import DEFAULT_EXTERNAL_DATA_THRESHOLD, check_path
 from ._read import parse
 from ._state import Checkpoint
-from ._write import build_state, write_files
+from ._write import build_state, check_state
 
-__all__ = ["load", "load_from_buffer", "save", "to_bytes"]
+__all__ = ["load", "load_from_buffer", "save", "to_bytes", "check_threshold", "check_flag"]
 
 PathLike = Union[str, os.PathLike]
 
 
+def check_flag(value: object, name: str) -> bool:
+    """Returns a bool argument, or raises CheckpointError naming what was given."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise CheckpointError(f"{name} must be a bool, got {value!r:.60}")
+    return bool(value)
+
+
+def check_threshold(value: object) -> Optional[int]:
+    """Returns an external_data_threshold argument (an int >= 0, or None)."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise CheckpointError(f"external_data_threshold must be an int or None, got {value!r:.60}")
+    if value < 0:
+        raise CheckpointError(f"external_data_threshold must be >= 0, got {value}")
+    return int(value)
+
+
 def _read_file(path: str, use_mmap: bool, what: str) -> np.ndarray:
     """Returns a file's bytes as a 1-D uint8 array (read once, or memory-mapped)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
+            # A FIFO would block, a device might never end.
+            raise CheckpointError(f"{what} {path!r} is not a regular file")
+    except OSError:
+        pass  # reported by open() below
     try:
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
@@ -57,7 +83,10 @@ def load(path: PathLike, *, mmap: bool = False) -> Checkpoint:
     The file is read into memory once; tensors are read-only views of those
     bytes (data misaligned for its dtype, e.g. float64 behind a 4-byte
     aligned vector, is copied). Tensors in an external data file
-    (``external_data_path(path)``) are read the same way.
+    (``external_data_path(path)``) are read range by range, after every
+    range was checked against the file's size and the others; the file a
+    jaxort save wrote with this checkpoint is used (after an interrupted
+    save, the backup of the previous one: see docs/checkpoint-format.md).
 
     Args:
       path: the checkpoint file.
@@ -70,17 +99,19 @@ def load(path: PathLike, *, mmap: bool = False) -> Checkpoint:
       The Checkpoint, with parameters and properties in file order.
 
     Raises:
-      CheckpointError: the file is missing, malformed, of another version,
-        or its external data file is missing or too short.
+      CheckpointError: ``path`` is not a str or PathLike; the file is
+        missing, malformed, of another version; or its external data file is
+        missing, too short, or belongs to another save.
 
     Example:
       >>> state = load("artifacts/checkpoint")  # doctest: +SKIP
       >>> state.trainable["fc1.weight"].shape  # doctest: +SKIP
       (20, 16)
     """
-    path = os.fspath(path)
-    data = _read_file(path, mmap, "checkpoint")
-    return parse(data, path, lambda: _read_file(external_data_path(path), mmap, "external data file"))
+    path = check_path(path)
+    use_mmap = check_flag(mmap, "mmap")
+    data = _read_file(path, use_mmap, "checkpoint")
+    return parse(data, path, lambda: open_external_data(path, data, use_mmap))
 
 
 def load_from_buffer(buffer: Union[bytes, bytearray, memoryview]) -> Checkpoint:
@@ -96,12 +127,18 @@ def load_from_buffer(buffer: Union[bytes, bytearray, memoryview]) -> Checkpoint:
       The Checkpoint.
 
     Raises:
-      CheckpointError: the bytes are malformed, of another version, or the
-        checkpoint keeps data in an external file (that needs ``load``).
+      CheckpointError: ``buffer`` is not bytes-like, the bytes are
+        malformed, of another version, or the checkpoint keeps data in an
+        external file (that needs ``load``).
     """
+    if isinstance(buffer, (str, int, float)) or buffer is None:
+        raise CheckpointError(
+            f"a checkpoint buffer must be bytes-like (bytes, bytearray, memoryview, uint8 array), "
+            f"got {type(buffer).__name__}"
+        )
     try:
         data = np.frombuffer(buffer, dtype=np.uint8)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, BufferError) as e:
         raise CheckpointError(f"cannot read a checkpoint from {type(buffer).__name__}: {e}") from None
     if not data.flags.c_contiguous:
         raise CheckpointError("the checkpoint buffer must be contiguous")
@@ -123,10 +160,12 @@ def to_bytes(state: Checkpoint, include_optimizer_state: bool = False) -> bytes:
       The checkpoint file's bytes.
 
     Raises:
-      CheckpointError: the state holds something a checkpoint cannot
-        (unsupported dtype, non-str name, duplicate name, bad property).
+      CheckpointError: ``state`` is not a Checkpoint, or it holds something
+        a checkpoint cannot (unsupported dtype, non-str name, duplicate
+        name, bad property, a step outside 0..2**63-2).
     """
-    b, _ = build_state(state, include_optimizer_state, None)
+    check_state(state, include_optimizer_state)
+    b, _ = build_state(state, bool(include_optimizer_state), None)
     return b.output()
 
 
@@ -142,9 +181,13 @@ def save(
     into one buffer. The file is written to a temporary file next to
     ``path``, fsynced, and renamed over ``path``: on any failure (including
     KeyboardInterrupt) the previous file is intact and no temporary file is
-    left. When the tensors hold at least ``external_data_threshold`` bytes,
-    their data goes to ``external_data_path(path)`` (ONNX Runtime's layout)
-    and the checkpoint's ``has_external_data`` flag is set.
+    left, and temporary files that killed saves of ``path`` left are
+    removed. When the tensors hold at least ``external_data_threshold``
+    bytes, their data goes to ``external_data_path(path)`` (ONNX Runtime's
+    layout) and the checkpoint's ``has_external_data`` flag is set; both
+    files then end with a record pairing them, so that after a crash at any
+    point ``load`` gives the complete previous or the complete new state
+    (docs/checkpoint-format.md).
 
     Args:
       state: the state.
@@ -154,7 +197,11 @@ def save(
         data file is used (ONNX Runtime's default, 1800 MiB); None never.
 
     Raises:
-      CheckpointError: the state cannot be written, or an OS error occurred.
+      CheckpointError: an argument of the wrong type, a state that cannot
+        be written, or an OS error.
     """
-    b, external = build_state(state, include_optimizer_state, external_data_threshold)
+    path = check_path(path)
+    check_state(state, include_optimizer_state)
+    threshold = check_threshold(external_data_threshold)
+    b, external = build_state(state, bool(include_optimizer_state), threshold)
     write_files(path, b, external)

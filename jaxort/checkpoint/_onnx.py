@@ -16,10 +16,11 @@ import numpy as np
 from jaxort.dtypes import to_onnx_type
 from jaxort.errors import CheckpointError
 
-from ._api import load
-from ._format import DEFAULT_EXTERNAL_DATA_THRESHOLD, STRING, SUPPORTED_DTYPES, type_label
+from ._api import check_flag, check_threshold, load
+from ._files import write_files
+from ._format import DEFAULT_EXTERNAL_DATA_THRESHOLD, STRING, SUPPORTED_DTYPES, check_path, type_label
 from ._state import NominalTensor
-from ._write import TensorRecord, _string_items, build_tensors, write_files
+from ._write import TensorRecord, _string_items, build_tensors
 
 __all__ = ["save_tensors", "load_to_model"]
 
@@ -50,6 +51,10 @@ _TYPED_FIELDS = {
 
 def _proto_record(proto: Any, what: str, nominal: bool) -> tuple[TensorRecord, int]:
     """Returns the TensorRecord of a TensorProto and its serialized size."""
+    from onnx import TensorProto
+
+    if not isinstance(proto, TensorProto):
+        raise CheckpointError(f"{what}: expected an onnx.TensorProto, got {type(proto).__name__}")
     name = proto.name
     code = int(proto.data_type)
     what = f"{what} {name!r}"
@@ -109,19 +114,25 @@ def save_tensors(
       external_data_threshold: see above; None never uses external data.
 
     Raises:
-      CheckpointError: duplicate names, unsupported types, data that does
-        not match dims, protos with external data, or an OS error.
+      CheckpointError: arguments of the wrong type, duplicate names,
+        unsupported types, data that does not match dims, protos with
+        external data, or an OS error.
     """
+    path = check_path(path)
+    nominal = check_flag(nominal, "nominal")
+    threshold = check_threshold(external_data_threshold)
     trainable, frozen, total = [], [], 0
     for protos, records, what in (
         (trainable_tensor_protos, trainable, "trainable tensor"),
         (frozen_tensor_protos, frozen, "frozen tensor"),
     ):
+        if isinstance(protos, (str, bytes)) or not isinstance(protos, Sequence):
+            raise CheckpointError(f"{what}s: expected a sequence of onnx.TensorProto, got {type(protos).__name__}")
         for proto in protos:
             record, size = _proto_record(proto, what, nominal)
             records.append(record)
             total += size
-    b, external = build_tensors(trainable, frozen, nominal, external_data_threshold, total)
+    b, external = build_tensors(trainable, frozen, nominal, threshold, total)
     write_files(path, b, external)
 
 
@@ -155,10 +166,13 @@ def load_to_model(path: Union[str, os.PathLike], model_proto: Any) -> Any:
       The new onnx.ModelProto.
 
     Raises:
-      CheckpointError: the checkpoint cannot be read or is nominal.
+      CheckpointError: ``model_proto`` is not an onnx.ModelProto, or the
+        checkpoint cannot be read or is nominal.
     """
     import onnx
 
+    if not isinstance(model_proto, onnx.ModelProto):
+        raise CheckpointError(f"load_to_model needs an onnx.ModelProto, got {type(model_proto).__name__}")
     state = load(path)
     if state.is_nominal or any(isinstance(v, NominalTensor) for v in state.parameters.values()):
         raise CheckpointError(f"{os.fspath(path)!r} is a nominal checkpoint: it has no parameter data")

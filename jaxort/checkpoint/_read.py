@@ -16,16 +16,25 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 from jaxort.errors import CheckpointError
 
-from ._format import CHECKPOINT_VERSION, FILE_IDENTIFIER, MAX_RANK, STRING, SUPPORTED_DTYPES, type_label
+from ._format import (
+    CHECKPOINT_VERSION,
+    FILE_IDENTIFIER,
+    MAX_RANK,
+    MAX_STEP,
+    STRING,
+    SUPPORTED_DTYPES,
+    step_problem,
+    type_label,
+)
 from ._state import Checkpoint, NominalTensor, OptimizerGroup
 
-__all__ = ["parse"]
+__all__ = ["parse", "uses_external_data"]
 
 # Field slots (index in the table's field list).
 _T_NAME, _T_DOC, _T_DIMS, _T_TYPE, _T_RAW, _T_STRINGS, _T_EXT = range(7)
@@ -42,6 +51,16 @@ _HH = struct.Struct("<HH")
 _H = struct.Struct("<H")
 
 
+class _Pending(NamedTuple):
+    """A tensor whose bytes lie in the external data file, read after every range is checked."""
+
+    what: str
+    offset: int
+    nbytes: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
 class _Table:
     __slots__ = ("pos", "vt", "vt_size", "size", "what")
 
@@ -52,7 +71,7 @@ class _Table:
 class _Walker:
     """Bounds-checked reads from one flatbuffer."""
 
-    def __init__(self, data: np.ndarray, source: str, external: Optional[Callable[[], np.ndarray]]):
+    def __init__(self, data: np.ndarray, source: str, external: Optional[Callable[[], Any]]):
         self.data = data
         self.mv = memoryview(data)
         self.n = data.nbytes
@@ -65,8 +84,10 @@ class _Walker:
         # the walk (or the copies of misaligned data) grow without bound do.
         self.budget = self.n + 64
         self._external_loader = external
-        self._external: Optional[np.ndarray] = None
-        self._external_copy_budget = 0
+        # (mapping, key, _Pending) of every tensor whose data is external.
+        self._pending: list[tuple[dict, str, _Pending]] = []
+        # (start, end, what) of every non-empty raw_data vector.
+        self._inline_ranges: list[tuple[int, int, str]] = []
 
     def fail(self, message: str) -> CheckpointError:
         return CheckpointError(f"{self.source}: {message}")
@@ -170,7 +191,7 @@ class _Walker:
 
     # -- tensors ---------------------------------------------------------
 
-    def view(self, source: np.ndarray, start: int, dtype: np.dtype, shape: tuple[int, ...], external: bool) -> np.ndarray:
+    def view(self, source: np.ndarray, start: int, dtype: np.dtype, shape: tuple[int, ...], what: str) -> np.ndarray:
         count = math.prod(shape)
         if count == 0:
             out = np.empty(shape, dtype)
@@ -179,27 +200,17 @@ class _Walker:
             if (source.ctypes.data + start) % dtype.alignment:
                 # Misaligned data (the C++ builder aligns byte vectors to 4
                 # only, e.g. float64) is copied so arrays are always aligned.
-                # Inline data was charged to the budget when its vector was
-                # read; external data has a budget of its own.
-                if external:
-                    self._external_copy_budget -= out.nbytes
-                    if self._external_copy_budget < 0:
-                        raise self.fail("tensors share external data bytes, which no checkpoint writer does")
-                out = out.copy()
+                # Ranges do not overlap, so the copies are bounded by the
+                # files' sizes.
+                try:
+                    out = out.copy()
+                except MemoryError:
+                    raise self.fail(f"{what}: {out.nbytes} bytes of misaligned data do not fit in memory") from None
             out = out.reshape(shape)
+        if dtype == np.bool_ and out.size and out.view(np.uint8).max() > 1:
+            raise self.fail(f"{what}: BOOL data holds bytes other than 0 and 1")
         out.flags.writeable = False
         return out
-
-    def external_data(self, what: str) -> np.ndarray:
-        if self._external is None:
-            if self._external_loader is None:
-                raise self.fail(
-                    f"{what} keeps its data in the external data file, which a checkpoint read "
-                    "from a buffer cannot reach; load it from its path"
-                )
-            self._external = self._external_loader()
-            self._external_copy_budget = self._external.nbytes
-        return self._external
 
     def tensor(self, pos: int, what: str, nominal: bool) -> tuple[str, Any]:
         t = self.table(pos, what)
@@ -236,25 +247,24 @@ class _Walker:
         if offset != -1:
             if offset < 0:
                 raise self.fail(f"{what}: negative external_data_offset {offset}")
-            ext = self.external_data(what)
-            if offset + nbytes > ext.nbytes:
+            if self._external_loader is None:
                 raise self.fail(
-                    f"{what}: external data [{offset}, {offset + nbytes}) lies past the end of the "
-                    f"external data file ({ext.nbytes} bytes)"
+                    f"{what} keeps its data in the external data file, which a checkpoint read "
+                    "from a buffer cannot reach; load it from its path"
                 )
-            array = self.view(ext, offset, dtype, shape, external=True)
-        else:
-            raw = self.vector(t, _T_RAW, 1, "raw_data")
-            start, size = raw if raw is not None else (0, 0)
-            if size != nbytes:
-                raise self.fail(
-                    f"{what}: raw_data has {size} bytes but dims {list(shape)} of "
-                    f"{type_label(code)} need {nbytes}"
-                )
-            array = self.view(self.data, start, dtype, shape, external=False)
-        if dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
-            raise self.fail(f"{what}: BOOL data holds bytes other than 0 and 1")
-        return name, array
+            # Read once every range is known to lie inside the file and to
+            # overlap no other (see _read_external).
+            return name, _Pending(what, offset, nbytes, dtype, tuple(shape))
+        raw = self.vector(t, _T_RAW, 1, "raw_data")
+        start, size = raw if raw is not None else (0, 0)
+        if size != nbytes:
+            raise self.fail(
+                f"{what}: raw_data has {size} bytes but dims {list(shape)} of "
+                f"{type_label(code)} need {nbytes}"
+            )
+        if size:
+            self._inline_ranges.append((start, start + size, what))
+        return name, self.view(self.data, start, dtype, shape, what)
 
     def _string_tensor(self, t: _Table, shape: tuple[int, ...], count: int) -> np.ndarray:
         vec = self.vector(t, _T_STRINGS, 4, "string_data")
@@ -283,7 +293,41 @@ class _Walker:
                 raise self.fail(f"{name}[{i}]: tensor name {key!r} already used in {seen[key]}")
             seen[key] = name
             out[key] = value
+            if isinstance(value, _Pending):
+                self._pending.append((out, key, value))
         return out
+
+    def _check_disjoint(self, ranges: list[tuple[int, int, str]], where: str) -> None:
+        # No checkpoint writer shares tensor bytes; sharing would make a
+        # re-save write the bytes once per tensor.
+        ranges.sort()
+        for (_, end, first), (start, next_end, second) in zip(ranges, ranges[1:]):
+            if start < end:
+                raise self.fail(
+                    f"{second}: its {where} [{start}, {next_end}) overlaps that of {first} (up to {end}); "
+                    "tensors may not share data bytes"
+                )
+
+    def _read_external(self) -> None:
+        """Checks every external range against the data file's size and each other, then reads them."""
+        if not self._pending:
+            return
+        ext = self._external_loader()
+        try:
+            for _, _, p in self._pending:
+                if p.offset + p.nbytes > ext.size:
+                    raise self.fail(
+                        f"{p.what}: external data [{p.offset}, {p.offset + p.nbytes}) lies past the end of "
+                        f"the external data file ({ext.size} bytes)"
+                    )
+            self._check_disjoint(
+                [(p.offset, p.offset + p.nbytes, p.what) for _, _, p in self._pending if p.nbytes], "external data"
+            )
+            for out, key, p in self._pending:
+                raw = ext.array(p.offset, p.nbytes, p.what) if p.nbytes else np.zeros(0, np.uint8)
+                out[key] = self.view(raw, 0, p.dtype, p.shape, p.what)
+        finally:
+            ext.close()
 
     # -- the checkpoint --------------------------------------------------
 
@@ -330,6 +374,9 @@ class _Walker:
         if bag_pos is not None:
             properties = self._properties(self.table(bag_pos, "property_bag"))
 
+        self._check_disjoint(self._inline_ranges, "raw_data")
+        self._read_external()
+
         return Checkpoint(
             trainable=trainable,
             frozen=frozen,
@@ -344,6 +391,8 @@ class _Walker:
         name = self.required_string(t, _G_NAME, "group_name")
         t.what = what = f"{what} {name!r}"
         step = self.scalar(t, _G_STEP, "q", 0, "step")
+        if not 0 <= step <= MAX_STEP:
+            raise self.fail(f"{what}: {step_problem(step)}")
         lr = self.scalar(t, _G_LR, "f", 0.0, "initial_learning_rate")
         states: dict[str, dict[str, np.ndarray]] = {}
         for i, state_pos in enumerate(self.tables(t, _G_STATES, "optimizer_states")):
@@ -374,19 +423,36 @@ class _Walker:
         return out
 
 
+def uses_external_data(data: np.ndarray) -> bool:
+    """Whether checkpoint bytes set ``has_external_data`` (False for bytes that are no checkpoint)."""
+    try:
+        w = _Walker(data, "checkpoint", None)
+        if w.n < 12 or bytes(w.mv[4:8]) != FILE_IDENTIFIER:
+            return False
+        root = w.table(w.u32(0, "root offset"), "checkpoint")
+        module_pos = w.ref(root, _C_MODULE, "module_state")
+        if module_pos is None:
+            return False
+        module = w.table(module_pos, "module_state")
+        return bool(w.scalar(module, _M_EXTERNAL, "?", False, "has_external_data"))
+    except CheckpointError:
+        return False
+
+
 def parse(
     data: np.ndarray,
     source: str,
-    external: Optional[Callable[[], np.ndarray]] = None,
+    external: Optional[Callable[[], Any]] = None,
 ) -> Checkpoint:
     """Parses a checkpoint held in a 1-D uint8 array.
 
     Args:
       data: the checkpoint bytes; arrays in the result view it.
       source: how to name the checkpoint in errors (a path, or "buffer").
-      external: returns the external data file's bytes as a 1-D uint8 array
-        (raising CheckpointError when it is missing); None when there is no
-        path to find it.
+      external: opens the external data file (a ``_files.ExternalData``,
+        raising CheckpointError when it is missing or belongs to another
+        save); called only when a tensor keeps its data there, after the
+        whole flatbuffer was read; None when there is no path to find it.
 
     Returns:
       The Checkpoint.

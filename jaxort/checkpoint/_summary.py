@@ -11,9 +11,10 @@ from typing import Union
 import numpy as np
 
 from jaxort.dtypes import onnx_type_name, to_onnx_type
+from jaxort.errors import CheckpointError
 
 from ._api import load
-from ._format import external_data_path
+from ._format import check_path, external_data_path
 from ._state import Checkpoint, NominalTensor
 
 __all__ = ["summary"]
@@ -64,7 +65,8 @@ def summary(state_or_path: Union[Checkpoint, str, os.PathLike]) -> str:
       Multi-line text (no trailing newline).
 
     Raises:
-      CheckpointError: a path that does not hold a valid checkpoint.
+      CheckpointError: neither a Checkpoint nor a path, or a path that does
+        not hold a valid checkpoint.
 
     Example:
       >>> import numpy as np
@@ -76,7 +78,12 @@ def summary(state_or_path: Union[Checkpoint, str, os.PathLike]) -> str:
     if isinstance(state_or_path, Checkpoint):
         state = state_or_path
     else:
-        path = os.fspath(state_or_path)
+        if not isinstance(state_or_path, (str, os.PathLike)):
+            raise CheckpointError(
+                "summary() needs a Checkpoint or a checkpoint path (str or os.PathLike), "
+                f"got {type(state_or_path).__name__}"
+            )
+        path = check_path(state_or_path)
         state = load(path, mmap=True)
         lines.append(f"file: {path} ({_size(os.path.getsize(path))})")
         if state.has_external_data:

@@ -1,4 +1,4 @@
-"""Writing ONNX Runtime Training checkpoints, and crash-safe file replacement.
+"""Laying out ONNX Runtime Training checkpoints (the files are written by _files.py).
 
 Layout follows ONNX Runtime Training 1.19.2 byte for byte: the same objects
 created in the same order with the same builder rules (see _builder.py), so
@@ -16,8 +16,6 @@ Imports numpy, the standard library and the generated jaxort._fbs code
 
 from __future__ import annotations
 
-import os
-import secrets
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Optional, Union
@@ -40,17 +38,16 @@ from ._builder import Builder
 from ._format import (
     CHECKPOINT_VERSION,
     FILE_IDENTIFIER,
+    MAX_STEP,
     MIN_EXTERNAL_TENSOR_BYTES,
     STRING,
     SUPPORTED_DTYPES,
     external_alignment,
-    external_data_path,
+    step_problem,
 )
-from ._state import Checkpoint, NominalTensor, normalize_property
+from ._state import Checkpoint, NominalTensor, OptimizerGroup, normalize_property
 
-__all__ = ["TensorRecord", "build_state", "build_tensors", "write_files", "tensor_record"]
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+__all__ = ["TensorRecord", "build_state", "build_tensors", "check_state", "tensor_record"]
 
 
 class TensorRecord(NamedTuple):
@@ -205,14 +202,12 @@ def _check_unique(records: Iterable[TensorRecord], what: str) -> None:
         seen.add(r.name)
 
 
-def _int64(value: Any, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        value = int(value)
-    if not isinstance(value, (int, np.integer)):
-        raise CheckpointError(f"{what}: {value!r} is not an int")
+def _step(value: Any, what: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise CheckpointError(f"{what}: step {value!r} is not an int")
     value = int(value)
-    if not _INT64_MIN <= value <= _INT64_MAX:
-        raise CheckpointError(f"{what}: {value} does not fit in int64")
+    if not 0 <= value <= MAX_STEP:
+        raise CheckpointError(f"{what}: {step_problem(value)}")
     return value
 
 
@@ -267,6 +262,28 @@ def _data_bytes(records: Iterable[TensorRecord]) -> int:
     return sum(r.data.nbytes for r in records if isinstance(r.data, memoryview))
 
 
+def check_state(state: Any, include_optimizer_state: Any) -> None:
+    """Checks the arguments of a save: a Checkpoint and a bool.
+
+    Raises:
+      CheckpointError: naming what was given instead.
+    """
+    if not isinstance(state, Checkpoint):
+        raise CheckpointError(f"expected a jaxort.checkpoint.Checkpoint to save, got {type(state).__name__}")
+    if not isinstance(include_optimizer_state, (bool, np.bool_)):
+        raise CheckpointError(f"include_optimizer_state must be a bool, got {include_optimizer_state!r}")
+    for field in ("trainable", "frozen", "properties"):
+        value = getattr(state, field)
+        if not isinstance(value, Mapping):
+            raise CheckpointError(f"Checkpoint.{field} must be a mapping, got {type(value).__name__}")
+    groups = state.optimizer_groups
+    if not isinstance(groups, (tuple, list)) or not all(isinstance(g, OptimizerGroup) for g in groups):
+        raise CheckpointError(f"Checkpoint.optimizer_groups must be a tuple of OptimizerGroup, got {groups!r:.80}")
+    for g in groups if include_optimizer_state else ():
+        if not isinstance(g.states, Mapping) or not all(isinstance(m, Mapping) for m in g.states.values()):
+            raise CheckpointError(f"optimizer group {g.name!r}: states must map parameter names to mappings")
+
+
 def build_state(
     state: Checkpoint, include_optimizer_state: bool, external_data_threshold: Optional[int]
 ) -> tuple[Builder, Optional[_ExternalData]]:
@@ -285,6 +302,7 @@ def build_state(
     Raises:
       CheckpointError: the state cannot be written (bad names, dtypes, ...).
     """
+    check_state(state, include_optimizer_state)
     trainable = _sorted_records(state.trainable, "trainable parameter", state.is_nominal)
     frozen = _sorted_records(state.frozen, "frozen parameter", state.is_nominal)
     _check_unique([*trainable, *frozen], "parameters")
@@ -335,7 +353,7 @@ def build_state(
         _G.OptimizerGroupStart(b)
         _G.OptimizerGroupAddGroupName(b, name_off)
         _G.OptimizerGroupAddInitialLearningRate(b, _float32(group.initial_learning_rate, what + " learning rate"))
-        _G.OptimizerGroupAddStep(b, _int64(group.step, what + " step"))
+        _G.OptimizerGroupAddStep(b, _step(group.step, what))
         _G.OptimizerGroupAddOptimizerStates(b, states_vec)
         group_offsets.append(_G.OptimizerGroupEnd(b))
     bag = _property_bag(b, state.properties) if state.properties else 0
@@ -387,80 +405,3 @@ def build_tensors(
     _C.CheckpointAddModuleState(b, module)
     b.Finish(_C.CheckpointEnd(b), FILE_IDENTIFIER)
     return b, external
-
-
-# -- files ------------------------------------------------------------------
-
-
-def _write_all(fd: int, data: Union[bytes, memoryview]) -> None:
-    """Writes all of ``data`` to a file descriptor (os.write may write less)."""
-    view = memoryview(data).cast("B")
-    while view.nbytes:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_dir(directory: str) -> None:
-    # Makes the rename durable; directories cannot be opened on Windows.
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_temp(directory: str, target: str, chunks: Iterable[Union[bytes, memoryview]]) -> str:
-    temp = os.path.join(directory, f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        try:
-            for chunk in chunks:
-                _write_all(fd, chunk)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException:
-        _remove(temp)
-        raise
-    return temp
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-
-
-def write_files(path: Union[str, os.PathLike], b: Builder, external: Optional[_ExternalData]) -> None:
-    """Writes a checkpoint (and its external data file) crash-safely.
-
-    Each file is written to a temporary file in the target directory,
-    flushed and fsynced, then renamed over the target. The external data
-    file is renamed first, then the checkpoint: a crash between the two
-    renames pairs the new data file with the old checkpoint, which only
-    matters if the old checkpoint used external data too.
-
-    Raises:
-      CheckpointError: an OS error while writing (the targets are untouched).
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    temps: list[tuple[str, str]] = []
-    try:
-        if external is not None:
-            data_path = external_data_path(path)
-            temps.append((_write_temp(directory, data_path, external.pieces), data_path))
-        temps.append((_write_temp(directory, path, b.chunks()), path))
-        while temps:
-            temp, target = temps[0]
-            os.replace(temp, target)
-            temps.pop(0)
-        _fsync_dir(directory)
-    except OSError as e:
-        raise CheckpointError(f"cannot write checkpoint {path!r}: {e}") from e
-    finally:
-        for temp, _ in temps:
-            _remove(temp)

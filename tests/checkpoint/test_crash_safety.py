@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxort.checkpoint as ckpt
-from jaxort.checkpoint import _write
+from jaxort.checkpoint import _files
 
 from .conftest import GOLDEN
 
@@ -26,7 +26,7 @@ def old_and_new(tmp_path):
 
 
 def _fail_midway(exc):
-    real = _write._write_all
+    real = _files._write_all
     calls = []
 
     def write_some(fd, data):
@@ -44,7 +44,7 @@ def _fail_midway(exc):
 def test_failure_during_write_keeps_old_file(monkeypatch, old_and_new, exc, external):
     path, before, new = old_and_new
     write_some, calls = _fail_midway(exc)
-    monkeypatch.setattr(_write, "_write_all", write_some)
+    monkeypatch.setattr(_files, "_write_all", write_some)
     expected = ckpt.CheckpointError if isinstance(exc, OSError) else type(exc)
     with pytest.raises(expected):
         ckpt.save(new, path, include_optimizer_state=True, external_data_threshold=0 if external else None)
@@ -63,7 +63,7 @@ def test_failure_at_fsync_or_rename_keeps_old_file(monkeypatch, old_and_new, ste
     def boom(*args, **kwargs):
         raise OSError(5, f"injected {step} failure")
 
-    monkeypatch.setattr(_write.os, step, boom)
+    monkeypatch.setattr(_files.os, step, boom)
     with pytest.raises(ckpt.CheckpointError, match=f"injected {step} failure"):
         ckpt.save(new, path)
     monkeypatch.undo()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jaxort.checkpoint as ckpt
+from jaxort.checkpoint._files import TRAILER_SIZE
 
 from .conftest import GOLDEN, ORT_FILES, assert_state_equal
 
@@ -52,7 +53,8 @@ def test_save_tensors_keeps_small_tensors_inline(tmp_path):
     ckpt.save_tensors([big, small], [], path, external_data_threshold=1)
     state = ckpt.load(path)
     assert state.has_external_data
-    assert (tmp_path / "c.data").stat().st_size == 64  # only "big", as ORT does
+    # Only "big", as ORT does, then the 32-byte record pairing the files.
+    assert (tmp_path / "c.data").stat().st_size == 64 + TRAILER_SIZE
     np.testing.assert_array_equal(state.trainable["small"], np.arange(15, dtype=np.float32))
 
 
@@ -64,7 +66,12 @@ def test_missing_or_short_side_file(tmp_path):
         ckpt.load_from_buffer(path.read_bytes())
     with open(tmp_path / "c.data", "r+b") as f:
         f.truncate(100)
-    with pytest.raises(ckpt.CheckpointError, match=r"'w'.*past the end of the external data file"):
+    with pytest.raises(ckpt.CheckpointError, match=r"do not belong together: the checkpoint was saved with data of "
+                       r"save [0-9a-f]{12} \(160 bytes\), the file holds no jaxort record \(100 bytes\)"):
+        ckpt.load(path)
+    # A side file without jaxort's record (as ONNX Runtime writes it) is checked by its size only.
+    path.write_bytes(path.read_bytes()[:-TRAILER_SIZE])
+    with pytest.raises(ckpt.CheckpointError, match=r"'w'.*\[0, 128\) lies past the end of the external data file \(100 bytes\)"):
         ckpt.load(path)
     os.remove(tmp_path / "c.data")
     with pytest.raises(ckpt.CheckpointError, match=r"external data file .*c\.data.* does not exist"):

@@ -62,7 +62,7 @@ def states(draw):
         groups.append(
             ckpt.OptimizerGroup(
                 gname,
-                draw(st.integers(-(2**63), 2**63 - 1)),
+                draw(st.integers(0, 2**63 - 2)),
                 draw(st.floats(width=32, allow_nan=False)),
                 states_,
             )
