@@ -287,7 +287,10 @@ def _reduce_loss(per_sample, reduction, denominator):
 
 @register("SoftmaxCrossEntropy", since=1, domain=MS)
 def softmax_cross_entropy(logits, label, *, reduction="mean"):
-    """com.microsoft::SoftmaxCrossEntropy-1: one-hot (or soft) labels, classes on the last axis."""
+    """com.microsoft::SoftmaxCrossEntropy-1: soft labels, classes last; "none" is per sample.
+
+    ORT 1.19.2's CPU kernel returns minus the summed loss for "none"; jaxort follows the schema.
+    """
     dtype = np.dtype(logits.dtype)
     x = logits.astype(at_least_float32(dtype))
     log_prob = jax.nn.log_softmax(x, axis=-1)
@@ -300,7 +303,9 @@ def softmax_cross_entropy(logits, label, *, reduction="mean"):
 def sparse_softmax_cross_entropy(logits, label, weight=None, *, reduction="mean"):
     """SparseSoftmaxCrossEntropy-9 (ORT's, in the ai.onnx domain): classes on the last axis.
 
-    With weights, "mean" divides by the sum of the weights, as ORT's kernel does.
+    With weights, "mean" divides by the sum of the weights, as ORT's kernel does. For
+    "none" ORT 1.19.2's CPU kernel returns the summed loss; jaxort gives the per-sample
+    loss the schema describes.
     """
     dtype = np.dtype(logits.dtype)
     x = logits.astype(at_least_float32(dtype))
