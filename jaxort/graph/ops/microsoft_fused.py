@@ -258,8 +258,8 @@ def _layer_norm(x, scale, bias, axis, epsilon, simplified):
 
 @register("LayerNormalization", since=1)
 def layer_normalization_1(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
-    """LayerNormalization-1 (ORT's schema, before onnx's 17; stats in float32 for any stash_type)."""
-    # ORT 1.19-1.32's CPU kernel ignores stash_type for this schema.
+    """LayerNormalization-1 (ORT's schema under onnx's 17; float32 stats for any stash_type)."""
+    # ORT's CPU kernel (1.32) reads only axis and epsilon for this schema.
     return _layer_norm(x, scale, b, axis, epsilon, simplified=False)
 
 
@@ -286,7 +286,7 @@ def _skip_sum(x, skip, bias):
 
 @register("SkipLayerNormalization", since=1, domain=MS)
 def skip_layer_normalization(x, skip, gamma, beta=None, bias=None, *, epsilon=1e-12):
-    """com.microsoft::SkipLayerNormalization-1 (outputs Y, mean, inv_std_var, input_skip_bias_sum)."""
+    """com.microsoft::SkipLayerNormalization-1 (Y, mean, inv_std_var, input_skip_bias_sum)."""
     s = _skip_sum(x, skip, bias)
     y, mean, inv_std = _layer_norm(s, gamma, beta, -1, epsilon, simplified=False)
     return y.astype(x.dtype), mean, inv_std, s.astype(x.dtype)
@@ -294,7 +294,7 @@ def skip_layer_normalization(x, skip, gamma, beta=None, bias=None, *, epsilon=1e
 
 @register("SkipSimplifiedLayerNormalization", since=1, domain=MS)
 def skip_simplified_layer_normalization(x, skip, gamma, bias=None, *, epsilon=1e-12):
-    """com.microsoft::SkipSimplifiedLayerNormalization-1 (its mean output is 0, as ORT writes it)."""
+    """com.microsoft::SkipSimplifiedLayerNormalization-1 (mean output 0, as ORT writes it)."""
     s = _skip_sum(x, skip, bias)
     y, _, inv_std = _layer_norm(s, gamma, None, -1, epsilon, simplified=True)
     return y.astype(x.dtype), jnp.zeros_like(inv_std), inv_std, s.astype(x.dtype)

@@ -8,15 +8,14 @@ drawn example runs through jaxort jitted (strict dtype promotion) and eager, and
 is compared, output by output, with the numpy reference and with onnxruntime's
 CPU provider wherever that runs the op. ``GRAD_CASES`` check the gradient of
 a weighted sum of all outputs w.r.t. every float input against float64 central
-finite differences. ``tests/fixtures/microsoft_ops/`` holds the gradients
-onnxruntime-training 1.19.2 computes for a few of these ops (see its README).
+finite differences. onnxruntime 1.32 (this suite's) runs every CPU kernel that
+onnxruntime-training 1.19.2 has for these ops, so no recorded fixture is needed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -41,9 +40,8 @@ F16, F32, F64 = (np.dtype(t) for t in (np.float16, np.float32, np.float64))
 # (rtol, atol) of jaxort against the float64 numpy reference and against onnxruntime.
 TOL_NUMPY = {F32: (2e-5, 2e-5), F16: (5e-3, 5e-3)}
 TOL_ORT = {F32: (1e-4, 2e-5), F16: (1e-2, 1e-2)}
-SETTINGS = settings(max_examples=6, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=5, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
-FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures" / "microsoft_ops"
 
 
 # --------------------------------------------------------------------------- one-node models
@@ -368,10 +366,12 @@ def fused_conv_case(draw):
 @st.composite
 def bias_softmax_case(draw):
     dt = dtype(draw)
-    s = shape(draw, 2, 4, 1, 4)
-    axis = draw(st.integers(1, len(s) - 1))
+    # Bias rows both kept and broadcast (dims of 2 or more on each side of k), so that
+    # inner and outer broadcasting give different results.
+    s = shape(draw, 3, 4, 2, 4)
+    axis = draw(st.integers(2, len(s) - 1))
     inner = int(draw(st.booleans()))
-    k = draw(st.integers(0, axis))
+    k = draw(st.integers(1, axis - 1))
     if inner:  # bias keeps dims [0, k), is broadcast over [k, axis)
         b_shape = s[:k] + (1,) * (axis - k) + s[axis:]
     else:      # bias keeps dims [k, ...), is broadcast over [0, k)
@@ -522,12 +522,13 @@ def test_gradient_matches_finite_differences(op, inputs, attrs, n_out):
     rng = np.random.default_rng(7)
 
     with x64_enabled_scope():
-        outs = g.apply({}, *inputs)
+        outs = jax.jit(g.apply)({}, *inputs)
         weights = [jnp.asarray(rng.uniform(0.5, 1.5, np.shape(o))) for o in outs]
 
         def f(*xs):
             return sum(jnp.sum(w * o) for w, o in zip(weights, g.apply({}, *xs)))
 
-        check_grads(f, tuple(jnp.asarray(x) for x in inputs), order=1, modes=["rev"], eps=1e-5,
+        check_grads(jax.jit(f), tuple(jnp.asarray(x) for x in inputs), order=1, modes=["rev"],
+                    eps=1e-5,
                     atol=1e-6, rtol=1e-6)
 
