@@ -108,8 +108,10 @@ def _score_path(g, name):
 @register_pattern("attention", anchors=("Softmax",), handler=attention, priority=40)
 def match_attention(g, sm):
     """Scaled dot-product attention, from its Softmax."""
+    # Without shapes only axis -1 is known to be the last one (below opset 13 it is
+    # also the only axis whose coercion to 2-D changes nothing).
     axis = int(g.attr(sm, "axis", -1 if g.opset() >= 13 else 1))
-    if g.opset() < 13 and axis != -1:
+    if axis != -1:
         return None
     out = g.sole_consumer(sm.output[0], "MatMul")
     if out is None or out.input[0] != sm.output[0]:
