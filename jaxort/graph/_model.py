@@ -98,11 +98,16 @@ def check_initializers(model: onnx.ModelProto) -> None:
       model: the model, external data loaded or not.
 
     Raises:
-      ModelError: naming the first initializer whose data is too short or
-        too long, whose dims are negative, whose type is unknown, or whose
-        external data file is missing or too short.
+      ModelError: a name that is not valid UTF-8, or naming the first
+        initializer whose data is too short or too long, whose dims are
+        negative, whose type is unknown, or whose external data file is
+        missing or too short.
     """
+    for imp in model.opset_import:
+        if not isinstance(imp.domain, str):
+            raise ModelError(f"an opset_import domain is not valid UTF-8: {imp.domain!r}")
     for graph in _graphs(model.graph):
+        _check_names(graph)
         for tensor in graph.initializer:
             problem = _tensor_problem(tensor)
             if problem:
@@ -112,6 +117,18 @@ def check_initializers(model: onnx.ModelProto) -> None:
             if problem:
                 raise ModelError(f"sparse initializer {sparse.values.name!r} of graph {graph.name!r}: "
                                  f"{problem}")
+
+
+def _check_names(graph: onnx.GraphProto) -> None:
+    """Refuses names that are not text: protobuf hands invalid UTF-8 in a string field back as bytes."""
+    names = [v.name for v in list(graph.input) + list(graph.output) + list(graph.value_info)]
+    names += [t.name for t in graph.initializer]
+    for node in graph.node:
+        names += [node.name, node.op_type, node.domain, *node.input, *node.output]
+        names += [a.name for a in node.attribute]
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise ModelError(f"graph {graph.name!r} has names that are not valid UTF-8: {bad[:3]}")
 
 
 def _tensor_problem(tensor: onnx.TensorProto) -> str:
