@@ -166,15 +166,16 @@ def _sce(x, labels, reduction, ignore_index, with_log_prob):
 
 def _sce_fwd(x, labels, reduction, ignore_index, with_log_prob):
     loss, log_prob, (safe, keep, denom) = _sce_forward(x, labels, reduction, ignore_index)
-    prob = jnp.exp(log_prob)
     out = as_dtype(loss, x.dtype)
     if with_log_prob:
         out = (out, as_dtype(log_prob, x.dtype))
-    return out, (prob, safe, keep, denom, np.zeros((), x.dtype), labels)
+    # The log-probabilities are saved; their exp fuses into the backward's one pass.
+    return out, (log_prob, safe, keep, denom, np.zeros((), x.dtype), labels)
 
 
 def _sce_bwd(reduction, ignore_index, with_log_prob, res, g):
-    prob, safe, keep, denom, like, labels = res
+    log_prob, safe, keep, denom, like, labels = res
+    prob = jnp.exp(log_prob)
     g_loss, g_lp = g if with_log_prob else (g, None)
     g_loss = as_dtype(g_loss, prob.dtype)
     if reduction == "none":
