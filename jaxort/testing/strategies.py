@@ -24,7 +24,6 @@ serve suites that test other ONNX runtimes.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional, Union
@@ -33,6 +32,14 @@ import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from jaxort.testing.harness import (
+    TOLERANCES,
+    assert_outputs_match,
+    default_tolerance,
+    run_jaxort,
+    run_reference,
+)
 
 try:
     import hypothesis.extra.numpy as hnp
@@ -84,16 +91,6 @@ INT_DTYPES = tuple(np.dtype(t) for t in (np.int32, np.int64, np.int8, np.int16))
 UINT_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
 _BOOL = np.dtype(np.bool_)
 _KINDS = {"f": FLOAT_DTYPES, "i": INT_DTYPES, "u": UINT_DTYPES, "b": (_BOOL,)}
-
-# (rtol, atol) per float dtype for comparing a computed graph with a reference
-# computed in the same dtype: a few units in the last place of rtol, and an
-# atol that absorbs cancellation near zero after a few chained ops.
-TOLERANCES = {
-    np.dtype(np.float16): (4e-3, 4e-3),
-    _BF16: (3e-2, 3e-2),
-    np.dtype(np.float32): (1e-5, 1e-5),
-    np.dtype(np.float64): (1e-10, 1e-12),
-}
 
 # Smallest normal number per float dtype: smaller magnitudes are drawn as zero,
 # because XLA on CPU flushes subnormals to zero and numpy does not.
@@ -695,20 +692,8 @@ def elementwise_graphs(
 # --------------------------------------------------------------------------- reference check
 
 
-def default_tolerance(dtype) -> tuple:
-    """``(rtol, atol)`` for comparing values of ``dtype`` (zeros for exact types).
-
-    Example:
-      >>> default_tolerance(np.float32)
-      (1e-05, 1e-05)
-    """
-    return TOLERANCES.get(np.dtype(dtype), (0.0, 0.0))
-
-
 def _run_reference(model: onnx.ModelProto, feeds: Mapping) -> list:
-    from onnx.reference import ReferenceEvaluator
-
-    return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, dict(feeds))]
+    return run_reference(model, feeds)
 
 
 def assert_matches_reference(
@@ -719,77 +704,60 @@ def assert_matches_reference(
     *,
     jit: bool = True,
     enable_x64: bool = True,
+    scale: float = 1.0,
 ) -> tuple:
     """Asserts jaxort computes what ONNX's reference evaluator computes.
 
     Traces ``model`` with :class:`jaxort.graph.JaxGraph`, runs ``apply``
-    (under ``jax.jit`` by default) with the model's initializers as params,
-    runs ``onnx.reference.ReferenceEvaluator`` on the same inputs, and
-    compares each output: same dtype, same shape, and values within
-    tolerance (floats, compared in float64) or equal (integers, bools).
+    (under ``jax.jit`` by default) with the model's float initializers as
+    params, runs ``onnx.reference.ReferenceEvaluator`` on the same inputs, and
+    compares each output with :func:`jaxort.testing.assert_outputs_match`:
+    same dtype, same shape, and values within tolerance (floats, compared in
+    float64) or equal (integers, bools).
 
     Args:
       model: an ``onnx.ModelProto``, or a :class:`ModelCase` (then
         ``inputs`` defaults to its inputs).
       inputs: arrays in graph input order, or a dict graph input name -> array.
-      rtol: relative tolerance; default per output dtype from
-        :data:`TOLERANCES`.
-      atol: absolute tolerance; default per output dtype.
-      jit: run ``jax.jit(apply)`` rather than ``apply``.
+      rtol: relative tolerance for every float output; default per output
+        dtype from :data:`TOLERANCES` times ``scale``.
+      atol: absolute tolerance for every float output; default per output
+        dtype times ``scale``.
+      jit: run ``jax.jit(apply)`` rather than ``apply``; either way under
+        strict dtype promotion, so a silent upcast fails.
       enable_x64: run with JAX's 64-bit types enabled, which float64 and int64
         models need; float32 models still compute in float32.
+      scale: a factor on the table's tolerances, for graphs that chain many ops.
 
     Returns:
       jaxort's outputs, a tuple of numpy arrays.
 
     Raises:
       AssertionError: an output differs in count, dtype, shape or value; the
-        message names the output.
+        message names the output and says by how much and where.
 
     Example:
       >>> case = mlp_models().example()                             # doctest: +SKIP
       >>> (y,) = assert_matches_reference(case.model, case.inputs)  # doctest: +SKIP
     """
-    import jax
-
-    from jaxort.graph import JaxGraph, x64_enabled_scope
-
     if isinstance(model, ModelCase):
         inputs = model.inputs if inputs is None else inputs
         model = model.model
     if inputs is None:
         inputs = ()
-    graph = JaxGraph(model)
-    if isinstance(inputs, Mapping):
-        feeds = dict(inputs)
-        args = [feeds[n] for n in graph.input_names]
-    else:
-        args = list(inputs)
+    if not isinstance(inputs, Mapping):
         inits = {t.name for t in model.graph.initializer}
         names = [i.name for i in model.graph.input if i.name not in inits]
-        if len(args) != len(names):
-            raise AssertionError(f"{len(args)} inputs given for graph inputs {names}")
-        feeds = dict(zip(names, args))
-        args = [feeds[n] for n in graph.input_names]
-
-    expected = _run_reference(model, feeds)
-    scope = x64_enabled_scope() if enable_x64 else contextlib.nullcontext()
-    with scope:
-        fn = jax.jit(graph.apply) if jit else graph.apply
-        got = tuple(np.asarray(o) for o in fn(graph.params, *args))
-
-    names = graph.output_names
-    assert len(got) == len(expected), f"jaxort gave {len(got)} outputs, the reference {len(expected)}"
-    for name, g, e in zip(names, got, expected):
-        where = f"output {name!r}"
-        assert g.dtype == e.dtype, f"{where}: dtype {g.dtype} != reference {e.dtype}"
-        assert g.shape == e.shape, f"{where}: shape {g.shape} != reference {e.shape}"
-        if e.dtype in TOLERANCES:
-            r, a = default_tolerance(e.dtype)
-            np.testing.assert_allclose(
-                g.astype(np.float64), e.astype(np.float64),
-                rtol=r if rtol is None else rtol, atol=a if atol is None else atol,
-                equal_nan=True, err_msg=where)
-        else:
-            np.testing.assert_array_equal(g, e, err_msg=where)
-    return got
+        if len(inputs) != len(names):
+            raise AssertionError(f"{len(inputs)} inputs given for graph inputs {names}")
+        inputs = dict(zip(names, inputs))
+    expected = _run_reference(model, inputs)
+    got = run_jaxort(model, inputs, jit=jit, params=None, enable_x64=enable_x64)
+    overrides = {}
+    if rtol is not None or atol is not None:
+        overrides = {dt: (rtol if rtol is not None else r * scale,
+                          atol if atol is not None else a * scale)
+                     for dt, (r, a) in TOLERANCES.items()}
+    assert_outputs_match(got, expected, scale=scale, tolerances=overrides,
+                         names=[o.name for o in model.graph.output])
+    return tuple(got)

@@ -221,10 +221,11 @@ def test_assert_matches_reference_reports_value_and_dtype_mismatches(monkeypatch
     case = find(js.elementwise_graphs(n_nodes=(2, 2)), lambda c: True)
     real = js._run_reference
     monkeypatch.setattr(js, "_run_reference", lambda m, f: [o + 1 for o in real(m, f)])
-    with pytest.raises(AssertionError, match="output 'v1'"):
+    with pytest.raises(AssertionError, match=r"output 'v1': \d+ of \d+ values differ.*"
+                                             r"max abs error 1\b.*worst at index"):
         js.assert_matches_reference(case)
     monkeypatch.setattr(js, "_run_reference", lambda m, f: [o.astype(np.float64) for o in real(m, f)])
-    with pytest.raises(AssertionError, match="dtype float32 != reference float64"):
+    with pytest.raises(AssertionError, match="dtype float32 != expected float64"):
         js.assert_matches_reference(case)
 
 
@@ -238,7 +239,7 @@ def test_assert_matches_reference_takes_a_feed_dict_and_returns_outputs():
 
 
 def test_default_tolerances():
-    assert js.default_tolerance(np.float32) == (1e-5, 1e-5)
+    assert js.default_tolerance(np.float32) == (1e-5, 1e-6)
     assert js.default_tolerance(np.int64) == (0.0, 0.0)
     assert js.default_tolerance(BF16)[0] > js.default_tolerance(np.float16)[0]
 
