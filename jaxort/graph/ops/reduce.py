@@ -16,12 +16,13 @@ from jaxort.graph.ops._common import canonical_dtype, highest_value, is_integer,
 
 
 def _normalize_axes(data, axes, noop_with_empty_axes):
-    """Returns the sorted non-negative axes to reduce, or None for the identity."""
+    """Returns the sorted non-negative axes to reduce; () reduces over no axis."""
     rank = jnp.ndim(data)
     if axes is None or len(axes) == 0:
-        if noop_with_empty_axes:
-            return None
-        return tuple(range(rank))
+        # noop_with_empty_axes reduces over the empty set of axes: the reduction
+        # step is the identity, but composite reductions still take their other
+        # steps (ReduceLogSum gives log(x), ReduceSumSquare x * x, ReduceL2 |x|).
+        return () if noop_with_empty_axes else tuple(range(rank))
     out = []
     for a in axes:
         a = int(a)
@@ -44,8 +45,6 @@ def _reduce(data, axes, keepdims, noop_with_empty_axes, fn, empty_value=None):
     (for reductions such as max whose XLA lowering has no identity).
     """
     ax = _normalize_axes(data, axes, noop_with_empty_axes)
-    if ax is None:
-        return data
     keep = bool(keepdims)
     shape = jnp.shape(data)
     if empty_value is not None and any(shape[a] == 0 for a in ax):
