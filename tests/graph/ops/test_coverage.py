@@ -1,8 +1,14 @@
-"""Every registered op is covered by an op test table and registered at a real schema version."""
+"""Every registered op is tested, in the test file of the module that registers it,
+and registered at a real schema version.
+
+``tests/graph/ops/test_<module>.py`` tests the ops ``jaxort/graph/ops/<module>.py``
+registers and lists them in its ``COVERED_OPS``.
+"""
 
 import importlib.util
 import pathlib
 import sys
+from collections import defaultdict
 
 import onnx
 import pytest
@@ -11,23 +17,64 @@ import jaxort.graph.ops  # noqa: F401  (fills the registry before collection)
 from jaxort.graph import registered
 
 _HERE = pathlib.Path(__file__).parent
+_OPS_DIR = pathlib.Path(jaxort.graph.ops.__file__).parent
 
 
-def _covered_ops() -> set:
-    covered = set()
-    for path in sorted(_HERE.glob("test_*.py")):
-        if path.name == "test_coverage.py":
-            continue
-        spec = importlib.util.spec_from_file_location(f"_coverage_{path.stem}", path)
+def _ops_by_module() -> dict:
+    """Op module name (``reduce``) -> the op types it registers."""
+    ops = defaultdict(set)
+    for h in registered():
+        ops[h.fn.__module__.rsplit(".", 1)[-1]].add(h.op_type)
+    return dict(ops)
+
+
+def _test_module(stem: str):
+    """The test module ``stem`` of this folder, imported under its package name."""
+    name = f"{__package__}.{stem}" if __package__ else stem
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, _HERE / f"{stem}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up here
+        sys.modules[name] = module  # dataclasses look their module up here
         spec.loader.exec_module(module)
-        covered |= set(getattr(module, "COVERED_OPS", ()))
-    return covered
+    return sys.modules[name]
+
+
+def _covered(module: str) -> set:
+    path = _HERE / f"test_{module}.py"
+    return set(getattr(_test_module(path.stem), "COVERED_OPS", ())) if path.exists() else set()
+
+
+OPS_BY_MODULE = _ops_by_module()
+
+
+def test_every_op_module_registers_ops_and_is_found():
+    # A module of graph/ops that registers nothing is either private or a mistake.
+    public = {p.stem for p in _OPS_DIR.glob("*.py") if not p.stem.startswith("_")}
+    assert public == set(OPS_BY_MODULE), (
+        f"op modules registering nothing: {sorted(public - set(OPS_BY_MODULE))}")
+
+
+@pytest.mark.parametrize("module", sorted(OPS_BY_MODULE))
+def test_every_op_module_has_its_test_file(module):
+    assert (_HERE / f"test_{module}.py").exists(), (
+        f"jaxort/graph/ops/{module}.py registers ops but tests/graph/ops/test_{module}.py "
+        "does not exist")
+
+
+@pytest.mark.parametrize("module", sorted(OPS_BY_MODULE))
+def test_each_op_entry_lives_in_the_test_file_of_its_module(module):
+    covered = _covered(module)
+    missing = sorted(OPS_BY_MODULE[module] - covered)
+    assert not missing, (
+        f"ops registered in jaxort/graph/ops/{module}.py with no entry in the COVERED_OPS "
+        f"of tests/graph/ops/test_{module}.py: {missing}")
+    others = sorted(covered - OPS_BY_MODULE[module])
+    assert not others, (
+        f"tests/graph/ops/test_{module}.py lists ops that {module}.py does not register: {others}")
 
 
 def test_every_registered_op_has_a_test_entry():
-    covered = _covered_ops()
+    covered = set().union(*(_covered(m) for m in OPS_BY_MODULE))
     missing = sorted({h.op_type for h in registered()} - covered)
     assert not missing, f"registered ops with no entry in any COVERED_OPS table: {missing}"
 

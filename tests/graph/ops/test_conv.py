@@ -1,0 +1,174 @@
+"""Convolutions (ops/conv.py) against ONNX's reference evaluator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from jaxort.testing import run_jaxort
+
+from ._harness import Example, F32, I32, OLD_REFERENCE, OpCase, U8, nn_gradient_test, table_tests
+from ._strategies import arr, conv_geometry, floats, qparams, rand
+
+COVERED_OPS = {
+    "Col2Im", "Conv", "ConvInteger", "ConvTranspose", "DeformConv", "QLinearConv",
+}
+
+
+@st.composite
+def conv_case(draw):
+    dt = floats(draw)
+    nd = draw(st.integers(1, 3))
+    # onnx < 1.17's reference Conv pads VALID like SAME and computes SAME from the wrong axes.
+    size, attrs = conv_geometry(draw, nd, auto=not OLD_REFERENCE)
+    group = draw(st.sampled_from([1, 2]))
+    c, m = group * draw(st.integers(1, 2)), group * draw(st.integers(1, 2))
+    n = draw(st.integers(1, 2))
+    x = arr(draw, dt, (n, c, *size))
+    w = arr(draw, dt, (m, c // group, *attrs["kernel_shape"]))
+    b = arr(draw, dt, (m,)) if draw(st.booleans()) else None
+    attrs["group"] = group
+    return Example((x, w, b), attrs)
+
+
+@st.composite
+def conv_transpose_case(draw):
+    dt = floats(draw)
+    nd = draw(st.integers(1, 2))
+    kernel = [draw(st.integers(1, 3)) for _ in range(nd)]
+    strides = [draw(st.integers(1, 3)) for _ in range(nd)]
+    dil = [draw(st.integers(1, 2)) for _ in range(nd)]
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]
+    size = [draw(st.integers(1, 3)) for _ in range(nd)]
+    # onnx < 1.17's reference ConvTranspose raises for group != 1.
+    group = draw(st.sampled_from([1] if OLD_REFERENCE else [1, 2]))
+    # The reference handles groups only with one output channel per group.
+    # (and one input channel per group).
+    c = group * (draw(st.integers(1, 2)) if group == 1 else 1)
+    m = group * (draw(st.integers(1, 2)) if group == 1 else 1)
+    x = arr(draw, dt, (draw(st.integers(1, 2)), c, *size))
+    w = arr(draw, dt, (c, m // group, *kernel))
+    # ... and adds the bias of group 0 to every group.
+    b = arr(draw, dt, (m,)) if group == 1 and draw(st.booleans()) else None
+    attrs = dict(kernel_shape=kernel, strides=strides, dilations=dil, group=group)
+    out_pad = [draw(st.integers(0, s - 1)) for s in strides]
+    full = [s * (i - 1) + op + e for s, i, op, e in zip(strides, size, out_pad, eff)]
+    # The reference's grouped path fails unless the padding is explicit.
+    form = draw(st.sampled_from(["pads", "output_shape", "same"] if group == 1 else ["pads"]))
+    if form == "pads":
+        lim = [min(e - 1, f - 1) // 2 for e, f in zip(eff, full)]
+        attrs["pads"] = ([draw(st.integers(0, v)) for v in lim]
+                         + [draw(st.integers(0, v)) for v in lim])
+        attrs["output_padding"] = out_pad
+    elif form == "output_shape":
+        # The natural size (the reference evaluator fails on any other).
+        attrs["output_shape"] = full
+        attrs["output_padding"] = out_pad
+    else:
+        attrs["auto_pad"] = draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER"]))
+    return Example((x, w, b), attrs)
+
+
+@st.composite
+def conv_integer_case(draw):
+    dt = U8
+    size, attrs = conv_geometry(draw, 2, auto=not OLD_REFERENCE)  # as conv_case
+    c = draw(st.integers(1, 2))
+    x = arr(draw, dt, (1, c, *size), 0, 255)
+    w = arr(draw, dt, (2, c, *attrs["kernel_shape"]), 0, 255)
+    return Example((x, w, np.array(draw(st.integers(0, 255)), dt),
+                    np.array(draw(st.integers(0, 255)), dt)), attrs)
+
+
+@st.composite
+def qlinear_conv_case(draw):
+    size, attrs = conv_geometry(draw, 2, auto=False)
+    c = draw(st.integers(1, 2))
+    x = arr(draw, U8, (1, c, *size), 0, 255)
+    w = arr(draw, U8, (2, c, *attrs["kernel_shape"]), 0, 255)
+    (sx, zx), (sw, zw) = qparams(draw, U8), qparams(draw, U8)
+    sy = np.array(draw(st.sampled_from([4.0, 16.0])), np.float32)
+    zy = qparams(draw, U8)[1]
+    b = arr(draw, I32, (2,), -100, 100) if draw(st.booleans()) else None
+    return Example((x, sx, zx, w, sw, zw, sy, zy, b), attrs)
+
+
+@st.composite
+def col2im_case(draw):
+    dt = floats(draw)
+    nd = draw(st.integers(1, 3))
+    block = [draw(st.integers(1, 2)) for _ in range(nd)]
+    strides = [draw(st.integers(1, 2)) for _ in range(nd)]
+    dil = [draw(st.integers(1, 2)) for _ in range(nd)]
+    pads = [draw(st.integers(0, 1)) for _ in range(2 * nd)]
+    image = [(b - 1) * d + 1 + draw(st.integers(0, 2)) for b, d in zip(block, dil)]
+    out = [(image[i] + pads[i] + pads[i + nd] - ((block[i] - 1) * dil[i] + 1)) // strides[i] + 1
+           for i in range(nd)]
+    c = draw(st.integers(1, 2))
+    x = arr(draw, dt, (1, c * int(np.prod(block)), int(np.prod(out))))
+    return Example((x, np.array(image, np.int64), np.array(block, np.int64)),
+                   dict(strides=strides, dilations=dil, pads=pads), static=(1, 2))
+
+
+@st.composite
+def deform_conv_case(draw):
+    dt = F32  # the reference samples through float32 GridSample coordinates
+    og = draw(st.sampled_from([1, 2]))
+    group = draw(st.sampled_from([1, 2]))
+    c = 2 * draw(st.integers(1, 2))
+    kh, kw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    # The reference divides by (size - 1): at least 2 pixels.
+    h, w = draw(st.integers(max(kh, 2), 4)), draw(st.integers(max(kw, 2), 4))
+    pads = [draw(st.integers(0, 1)) for _ in range(4)]
+    oh, ow = h + pads[0] + pads[2] - kh + 1, w + pads[1] + pads[3] - kw + 1
+    x = arr(draw, dt, (1, c, h, w))
+    wt = arr(draw, dt, (2, c // group, kh, kw))
+    off = arr(draw, dt, (1, og * kh * kw * 2, oh, ow), -1.5, 1.5)
+    b = arr(draw, dt, (2,)) if draw(st.booleans()) else None
+    mask = arr(draw, dt, (1, og * kh * kw, oh, ow), 0, 1) if draw(st.booleans()) else None
+    attrs = dict(kernel_shape=[kh, kw], pads=pads, group=group, offset_group=og)
+    return Example((x, wt, off, b, mask), attrs, 19)
+
+
+CASES = [
+    OpCase("Conv", conv_case(), scale=10),
+    OpCase("ConvTranspose", conv_transpose_case(), scale=10),
+    OpCase("ConvInteger", conv_integer_case()),
+    OpCase("QLinearConv", qlinear_conv_case()),
+    OpCase("Col2Im", col2im_case(), scale=10),
+    OpCase("DeformConv", deform_conv_case(), scale=100),
+]
+
+
+test_matches_reference, test_table_covers_every_op = table_tests(CASES, COVERED_OPS)
+
+
+# --------------------------------------------------------------------------- gradients
+
+
+GRAD_CASES = [
+    ("Conv", lambda: (rand(2, 2, 5, 4), rand(4, 1, 3, 2, seed=1), rand(4, seed=2)),
+     dict(pads=[1, 0, 1, 1], strides=[2, 1], dilations=[1, 2], group=2), None),
+    ("Conv", lambda: (rand(1, 2, 6), rand(3, 2, 3, seed=1)), dict(auto_pad="SAME_LOWER"), None),
+    ("ConvTranspose", lambda: (rand(1, 2, 3, 3), rand(2, 2, 2, 3, seed=1), rand(4, seed=2)),
+     dict(strides=[2, 1], pads=[0, 1, 1, 0], output_padding=[1, 0], group=2), None),
+]
+
+test_gradient_matches_finite_differences = nn_gradient_test(GRAD_CASES)
+
+
+# --------------------------------------------------------------------------- specific behaviour
+
+
+def test_conv_transpose_output_shape_extends_at_the_end():
+    # Natural size 3*(3-1)+3 = 9; output_shape 11 adds zero-input rows at the end (as ORT).
+    x = rand(1, 1, 3).astype(np.float32)
+    w = rand(1, 1, 3, seed=1).astype(np.float32)
+    natural = Example((x, w), dict(strides=[3]))
+    bigger = Example((x, w), dict(strides=[3], output_shape=[11]))
+    (a,) = run_jaxort(natural.node("ConvTranspose"))
+    (b,) = run_jaxort(bigger.node("ConvTranspose"))
+    assert b.shape == (1, 1, 11)
+    np.testing.assert_allclose(b[..., :9], a, rtol=1e-6)
+    assert np.all(b[0, 0, 9:] == 0)
