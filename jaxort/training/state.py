@@ -181,6 +181,10 @@ def apply_schedule(state: TrainState, schedule) -> TrainState:
     return state.replace(learning_rate=jnp.asarray(schedule(state.step), jnp.float32).reshape(()))
 
 
+# The largest group step a state can resume from: one more step must fit in int32.
+_MAX_STEP = 2**31 - 2
+
+
 def _to_f32_scalar(x) -> jax.Array:
     return jnp.asarray(np.float32(x))
 
@@ -271,6 +275,12 @@ def restore_optimizer_state(state: TrainState, optimizer, groups: Sequence = (),
     lr = default_learning_rate
     if groups:
         group = groups[0]
+        # The step counts in int32 on the device (JAX's default integer), and
+        # the next optimizer step must not wrap: refuse what cannot be counted.
+        if not 0 <= int(group.step) <= _MAX_STEP:
+            raise CheckpointError(
+                f"optimizer group {group.name!r}: step {group.step} is outside the range jaxort trains "
+                f"from, 0 to {_MAX_STEP}")
         opt_state = optimizer.restore(state.params, group.states, int(group.step))
         lr = float(group.initial_learning_rate)
     else:

@@ -9,8 +9,10 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 
 from jaxort import checkpoint as ckpt
+from jaxort.errors import CheckpointError
 from jaxort.training import (
     TrainProgram,
     TrainState,
@@ -90,3 +92,25 @@ def test_bfloat16_policy_keeps_float32_master_weights():
     for name in after.files:
         np.testing.assert_allclose(np.asarray(state.params[name]), after[name], atol=3e-2)
     assert np.dtype(ml_dtypes.bfloat16) == program.policy.compute_dtype
+
+
+@pytest.mark.parametrize("step", [2**31 - 1, 2**31, 2**40])
+def test_a_step_the_int32_counter_cannot_continue_is_refused(step):
+    program, _ = _program("mlp_adamw")
+    saved = ckpt.load(GOLDEN / "mlp_adamw" / "ckpt_after_with_opt")
+    group = saved.optimizer_groups[0].replace(step=step)
+    with pytest.raises(CheckpointError, match=rf"group 'group0': step {step} is outside the range"):
+        program.init_state(saved.replace(optimizer_groups=(group,)))
+
+
+def test_the_largest_resumable_step_trains_and_counts_on():
+    program, _ = _program("mlp_adamw")
+    saved = ckpt.load(GOLDEN / "mlp_adamw" / "ckpt_after_with_opt")
+    group = saved.optimizer_groups[0].replace(step=2**31 - 2)
+    state = program.init_state(saved.replace(optimizer_groups=(group,)))
+    assert int(state.step) == 2**31 - 2
+    batch = np.load(GOLDEN / "mlp_adamw" / "batches.npz")
+    state, _ = program.train_step(state, batch["train::input"][0], batch["train::labels"][0])
+    state = program.optimizer_step(state)
+    assert int(state.step) == 2**31 - 1
+    assert program.to_checkpoint(state).optimizer_groups[0].step == 2**31 - 1
