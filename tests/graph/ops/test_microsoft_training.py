@@ -23,6 +23,12 @@ from jaxort.errors import OpError
 from jaxort.graph import JaxGraph, x64_enabled_scope
 
 MS = "com.microsoft"
+
+COVERED_OPS = {
+    "ConcatTraining", "SplitTraining", "ReduceSumTraining", "LSTMTraining", "GRUTraining",
+    "BitmaskDropout", "BiasDropout", "BitmaskBiasDropout", "SoftmaxCrossEntropyLossInternal",
+    "NegativeLogLikelihoodLossInternal", "SoftmaxCrossEntropy", "SparseSoftmaxCrossEntropy",
+}
 _FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures" / "training_ops"
 _ORT = np.load(_FIXTURES / "ops.npz")
 _CASES = json.loads((_FIXTURES / "cases.json").read_text())
