@@ -407,7 +407,7 @@ def test_cli_export_and_summary(tmp_path, capsys):
         np.testing.assert_allclose(got, f["output"], rtol=1e-5, atol=1e-5)
     assert cli.main(["summary", str(root / "ckpt_after_with_opt")]) == 0
     assert "golden-run" in capsys.readouterr().out
-    assert cli.main(["summary", str(tmp_path / "missing")]) == 1
+    assert cli.main(["summary", str(tmp_path / "missing")]) == 2  # a bad argument: usage error
 
 
 class _CompileCounter:

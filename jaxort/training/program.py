@@ -74,6 +74,7 @@ class TrainProgram:
         policy: Policy | None = None,
         loss_fn: Callable | None = None,
         label_names: Sequence[str] | None = None,
+        fuse: bool = True,
     ):
         """Builds a program; most users call :meth:`from_artifacts` instead.
 
@@ -90,8 +91,12 @@ class TrainProgram:
             with a callable loss); None when the model's first output is the loss.
           label_names: the labels ``loss_fn`` takes after the model outputs;
             default its trailing parameter names.
+          fuse: run recognised subgraphs (layer norm, softmax and its loss,
+            Gelu, attention) through the fused rules of ``jaxort.graph.patterns``;
+            False runs every node op by op (``JaxGraph(fuse=...)``).
         """
         self.training_model = training_model
+        self.fuse = bool(fuse)
         self.loss_fn = loss_fn
         self._n_graph_inputs = len(info.input_names)
         if loss_fn is not None and label_names is None:
@@ -144,6 +149,7 @@ class TrainProgram:
         policy: Policy | None = None,
         loss_fn: Callable | None = None,
         label_names: Sequence[str] | None = None,
+        fuse: bool = True,
     ) -> "TrainProgram":
         """Builds a program from ORT Training artifacts (or jaxort's).
 
@@ -166,6 +172,7 @@ class TrainProgram:
           label_names: names of the labels ``loss_fn`` takes; default the ones
             the training model records, else its parameters without defaults
             after the model outputs.
+          fuse: fused rules for recognised subgraphs (see ``__init__``).
 
         Returns:
           The program.
@@ -203,7 +210,7 @@ class TrainProgram:
         else:
             opt = optimizer_from_model(load_model(optimizer_model, check=False))
         return cls(train, info=info, eval_model=eval_proto, eval_info=eval_info,
-                   optimizer=opt, policy=policy, loss_fn=loss_fn, label_names=label_names)
+                   optimizer=opt, policy=policy, loss_fn=loss_fn, label_names=label_names, fuse=fuse)
 
     def _make_graph(self, model, info, policy) -> JaxGraph:
         sliced = ort_artifacts.slice_model(model, info.output_names, keep_inputs=info.input_names)
@@ -214,7 +221,7 @@ class TrainProgram:
         param_inputs = [p for p in info.param_inputs if p in names]
         return JaxGraph(sliced, params=params, param_inputs=param_inputs,
                         inputs=list(info.input_names), outputs=list(info.output_names),
-                        check=False)
+                        check=False, fuse=self.fuse)
 
     # ------------------------------------------------------------------ facts
 
