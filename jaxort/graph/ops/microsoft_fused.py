@@ -26,6 +26,7 @@ from jaxort.graph import register
 from jaxort.graph.ops._common import at_least_float32, int_prod, normalize_axis
 from jaxort.graph.ops.conv import conv
 from jaxort.graph.ops.matmul import gemm
+from jaxort.graph.patterns.gelu import gelu as fused_gelu
 
 MS = "com.microsoft"
 
@@ -39,34 +40,22 @@ def _wide(*xs):
 # ---------------------------------------------------------------------------------- Gelu family
 
 
-def _gelu_erf(x):
-    return 0.5 * x * (1.0 + jax.scipy.special.erf(x * float(1 / np.sqrt(2.0))))
-
-
-def _gelu_tanh(x):
-    c = float(np.sqrt(2.0 / np.pi))
-    return 0.5 * x * (1.0 + jnp.tanh(c * (x + 0.044715 * (x * x * x))))
-
-
 @register("Gelu", since=1, domain=MS)
 def gelu(x):
-    """com.microsoft::Gelu-1 (erf form)."""
-    (xw,) = _wide(x)
-    return _gelu_erf(xw).astype(x.dtype)
+    """com.microsoft::Gelu-1 (erf form), with the fused Gelu rule's backward."""
+    return fused_gelu(x)
 
 
 @register("BiasGelu", since=1, domain=MS)
 def bias_gelu(a, b):
-    """com.microsoft::BiasGelu-1: Gelu(A + B), B broadcast on the last axis."""
-    aw, bw = _wide(a, b)
-    return _gelu_erf(aw + bw).astype(a.dtype)
+    """com.microsoft::BiasGelu-1: Gelu(A + B), B broadcast on the last axis; the fused Gelu rule."""
+    return fused_gelu(a, b)
 
 
 @register("FastGelu", since=1, domain=MS)
 def fast_gelu(x, bias=None):
-    """com.microsoft::FastGelu-1: the tanh approximation of Gelu(X + bias)."""
-    xw, bw = _wide(x, bias)
-    return _gelu_tanh(xw if bw is None else xw + bw).astype(x.dtype)
+    """com.microsoft::FastGelu-1: the tanh approximation of Gelu(X + bias); the fused Gelu rule."""
+    return fused_gelu(x, bias, approximate="tanh")
 
 
 @register("QuickGelu", since=1, domain=MS)
