@@ -25,7 +25,8 @@ def transpose(data, *, perm=None):
     return array_module(data).transpose(data, perm)
 
 
-def _concat(inputs, axis):
+def concat_values(inputs, axis):
+    """Concat of the present ``inputs`` along ``axis`` (numpy when all are static)."""
     inputs = [x for x in inputs if x is not None]
     if not inputs:
         raise OpError("Concat needs at least one input")
@@ -36,16 +37,17 @@ def _concat(inputs, axis):
 @register("Concat", since=1)
 def concat_1(*inputs, axis=None):
     """Concat-1..3 (axis defaults to 1)."""
-    return _concat(inputs, 1 if axis is None else axis)
+    return concat_values(inputs, 1 if axis is None else axis)
 
 
 @register("Concat", since=4)
 def concat(*inputs, axis):
     """Concat-4+ (negative axis from 11)."""
-    return _concat(inputs, axis)
+    return concat_values(inputs, axis)
 
 
-def _split(x, axis, sizes, n):
+def split_values(x, axis, sizes, n):
+    """``x`` split along ``axis`` into ``sizes`` (or ``n`` near-equal parts, the last smaller)."""
     a = normalize_axis(axis, x.ndim)
     dim = x.shape[a]
     if sizes is None:
@@ -72,20 +74,20 @@ def split_1(input, split_input=None, *, axis=None, ctx, **attrs):
     sizes = attrs.get("split") or None
     if split_input is not None and not _empty(split_input):
         sizes = static_ints(split_input, "input 'split'")
-    return _split(input, 0 if axis is None else axis, sizes, len(ctx.output_names))
+    return split_values(input, 0 if axis is None else axis, sizes, len(ctx.output_names))
 
 
 @register("Split", since=2)
 def split_2(input, *, split=None, axis, ctx):
     """Split-2..12 (split attribute; negative axis from 11)."""
-    return _split(input, axis, split or None, len(ctx.output_names))
+    return split_values(input, axis, split or None, len(ctx.output_names))
 
 
 @register("Split", since=13)
 def split_13(input, split=None, *, axis, ctx):
     """Split-13..17 (split as an optional input)."""
     sizes = None if _empty(split) else static_ints(split, "input 'split'")
-    return _split(input, axis, sizes, len(ctx.output_names))
+    return split_values(input, axis, sizes, len(ctx.output_names))
 
 
 @register("Split", since=18)
@@ -95,7 +97,7 @@ def split(input, split=None, *, axis, num_outputs=None, ctx):
     if sizes is not None and num_outputs is not None:
         raise OpError("both the split input and num_outputs are given")
     n = num_outputs if num_outputs is not None else len(ctx.output_names)
-    return _split(input, axis, sizes, n)
+    return split_values(input, axis, sizes, n)
 
 
 def _slice(data, starts, ends, axes, steps):

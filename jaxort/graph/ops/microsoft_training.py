@@ -23,10 +23,10 @@ from jaxort.errors import OpError
 from jaxort.graph import register, static_ints
 from jaxort.graph.ops._common import at_least_float32
 from jaxort.graph.ops.dropout import dropout
-from jaxort.graph.ops.layout import _concat, _split
+from jaxort.graph.ops.layout import concat_values, split_values
 from jaxort.graph.ops.loss import negative_log_likelihood_loss, softmax_cross_entropy_loss
 from jaxort.graph.ops.reduce import reduce_sum
-from jaxort.graph.ops.rnn import _activations, _directions, _prepare, _run_direction
+from jaxort.graph.ops.rnn import activations_per_direction, gru_scan, lstm_scan, prepare_sequences
 
 MS = "com.microsoft"
 
@@ -41,7 +41,7 @@ def concat_training(*inputs, axis):
         raise OpError("ConcatTraining needs at least one input")
     a = axis + present[0].ndim if axis < 0 else axis
     lengths = np.array([x.shape[a] for x in present], dtype=np.int64)
-    return _concat(present, axis), lengths
+    return concat_values(present, axis), lengths
 
 
 @register("SplitTraining", since=1, domain=MS)
@@ -55,7 +55,7 @@ def split_training(input, split=None, *, axis=0, ctx):
             # ORT's kernel refuses it (its shape inference would give the first outputs one more).
             raise OpError(f"an empty split cannot split dimension {dim} evenly into {n} outputs")
         sizes = [dim // n] * n
-    return _split(input, axis, sizes, n)
+    return split_values(input, axis, sizes, n)
 
 
 @register("ReduceSumTraining", since=1, domain=MS)
@@ -73,11 +73,6 @@ def _no_sequence_lens(sequence_lens, op):
         raise OpError(f"{op} does not take sequence_lens (ONNX Runtime 1.19.2 refuses them too)")
 
 
-def _stack_directions(per_dir):
-    """[(seq, batch, k)] per direction -> (seq, num_directions, batch, k)."""
-    return jnp.stack(per_dir, axis=1)
-
-
 @register("LSTMTraining", since=1, domain=MS)
 def lstm_training(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *,
                   activation_alpha=None, activation_beta=None, activations=None, clip=None,
@@ -88,43 +83,12 @@ def lstm_training(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c
     ORT's LSTMGrad reads them: [seq, num_directions, batch, 4 * hidden_size].
     """
     _no_sequence_lens(sequence_lens, "LSTMTraining")
-    x, (h0, c0), _, num_dir = _prepare(x, [initial_h, initial_c], None, 0, direction,
-                                       hidden_size)
-    acts = _activations(activations, activation_alpha, activation_beta,
-                        ["Sigmoid", "Tanh", "Tanh"], num_dir)
-    hs = hidden_size
-
-    def clipped(v):
-        return v if clip is None else jnp.clip(v, -clip, clip)
-
-    h_all, c_all, gates_all, h_last, c_last = [], [], [], [], []
-    for d, reverse in enumerate(_directions(direction, num_dir)):
-        bias = 0 if b is None else b[d, :4 * hs] + b[d, 4 * hs:]
-        xw = jnp.matmul(x, w[d].T) + bias
-        rd = r[d]
-        pd = jnp.zeros((3 * hs,), x.dtype) if p is None else p[d]
-        f, g, hact = acts[d]
-
-        def step(carry, xt, rd=rd, pd=pd, f=f, g=g, hact=hact):
-            h, c = carry
-            gates = xt + h @ rd.T
-            gi, go, gf, gc = (gates[:, k * hs:(k + 1) * hs] for k in range(4))
-            i = f(clipped(gi + pd[:hs] * c))
-            fg = 1 - i if input_forget else f(clipped(gf + pd[2 * hs:] * c))
-            cc = g(clipped(gc))
-            c = fg * c + i * cc
-            o = f(clipped(go + pd[hs:2 * hs] * c))
-            h = o * hact(c)
-            return (h, c), jnp.concatenate([h, c, i, o, fg, cc], axis=-1)
-
-        (h, c), ys = _run_direction(step, xw, [h0[d], c0[d]], None, reverse)
-        h_all.append(ys[..., :hs])
-        c_all.append(ys[..., hs:2 * hs])
-        gates_all.append(ys[..., 2 * hs:])
-        h_last.append(h)
-        c_last.append(c)
-    return (_stack_directions(h_all), jnp.stack(h_last), jnp.stack(c_last),
-            _stack_directions(c_all), _stack_directions(gates_all))
+    x, (h0, c0), _, num_dir = prepare_sequences(x, [initial_h, initial_c], None, 0, direction,
+                                                hidden_size)
+    acts = activations_per_direction(activations, activation_alpha, activation_beta,
+                                     ["Sigmoid", "Tanh", "Tanh"], num_dir)
+    return lstm_scan(x, w, r, b, p, h0, c0, None, acts, clip=clip, direction=direction,
+                     hidden_size=hidden_size, input_forget=input_forget, with_gates=True)
 
 
 @register("GRUTraining", since=1, domain=MS)
@@ -137,39 +101,12 @@ def gru_training(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activat
     ORT's GRUGrad reads them: [seq, num_directions, batch, 3 * hidden_size].
     """
     _no_sequence_lens(sequence_lens, "GRUTraining")
-    x, (h0,), _, num_dir = _prepare(x, [initial_h], None, 0, direction, hidden_size)
-    acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"],
-                        num_dir)
-    hs = hidden_size
-
-    def clipped(v):
-        return v if clip is None else jnp.clip(v, -clip, clip)
-
-    h_all, gates_all, h_last = [], [], []
-    for d, reverse in enumerate(_directions(direction, num_dir)):
-        wb = jnp.zeros((3 * hs,), x.dtype) if b is None else b[d, :3 * hs]
-        rb = jnp.zeros((3 * hs,), x.dtype) if b is None else b[d, 3 * hs:]
-        xw = jnp.matmul(x, w[d].T) + wb
-        rd = r[d]
-        f, g = acts[d]
-
-        def step(carry, xt, rd=rd, rb=rb, f=f, g=g):
-            (h,) = carry
-            rz, rr, rh = rd[:hs], rd[hs:2 * hs], rd[2 * hs:]
-            z = f(clipped(xt[:, :hs] + h @ rz.T + rb[:hs]))
-            rt = f(clipped(xt[:, hs:2 * hs] + h @ rr.T + rb[hs:2 * hs]))
-            if linear_before_reset:
-                hh = g(clipped(xt[:, 2 * hs:] + rt * (h @ rh.T + rb[2 * hs:])))
-            else:
-                hh = g(clipped(xt[:, 2 * hs:] + (rt * h) @ rh.T + rb[2 * hs:]))
-            h = (1 - z) * hh + z * h
-            return (h,), jnp.concatenate([h, z, rt, hh], axis=-1)
-
-        (h,), ys = _run_direction(step, xw, [h0[d]], None, reverse)
-        h_all.append(ys[..., :hs])
-        gates_all.append(ys[..., hs:])
-        h_last.append(h)
-    return _stack_directions(h_all), jnp.stack(h_last), _stack_directions(gates_all)
+    x, (h0,), _, num_dir = prepare_sequences(x, [initial_h], None, 0, direction, hidden_size)
+    acts = activations_per_direction(activations, activation_alpha, activation_beta,
+                                     ["Sigmoid", "Tanh"], num_dir)
+    return gru_scan(x, w, r, b, h0, None, acts, clip=clip, direction=direction,
+                    hidden_size=hidden_size, linear_before_reset=linear_before_reset,
+                    with_gates=True)
 
 
 # ---- the Dropout family ----

@@ -25,8 +25,8 @@ _ACTIVATIONS = {
 }
 
 
-def _activations(names, alphas, betas, defaults, num_directions):
-    """Returns per-direction lists of unary functions."""
+def activations_per_direction(names, alphas, betas, defaults, num_directions):
+    """Per direction, the list of unary activation functions (ONNX's names, alphas and betas)."""
     names = list(names) if names else list(defaults) * num_directions
     alphas = list(alphas or [])
     betas = list(betas or [])
@@ -45,7 +45,8 @@ def _activations(names, alphas, betas, defaults, num_directions):
     return [fns[i * per:(i + 1) * per] for i in range(num_directions)]
 
 
-def _prepare(x, initial_states, sequence_lens, layout, direction, hidden_size):
+def prepare_sequences(x, initial_states, sequence_lens, layout, direction, hidden_size):
+    """``x`` as (seq, batch, input), initial states (zeros when absent), the sequence mask, directions."""
     if layout:
         x = jnp.swapaxes(x, 0, 1)  # -> (seq, batch, input)
         initial_states = [None if s is None else jnp.swapaxes(s, 0, 1) for s in initial_states]
@@ -79,12 +80,11 @@ def _run_direction(step, x, states, mask, reverse):
     return carry, ys
 
 
-def _finish(ys_per_dir, finals_per_dir, layout):
-    y = jnp.stack(ys_per_dir, axis=1)  # (seq, num_dir, batch, hidden)
-    finals = [jnp.stack(f, axis=0) for f in zip(*finals_per_dir)]  # each (num_dir, batch, hidden)
+def _layout(layout, y, *finals):
+    """(Y, Y_h, ...) in ONNX's layout: batch first when ``layout`` is 1."""
     if layout:
         y = jnp.transpose(y, (2, 0, 1, 3))
-        finals = [jnp.swapaxes(f, 0, 1) for f in finals]
+        finals = tuple(jnp.swapaxes(f, 0, 1) for f in finals)
     return (y, *finals)
 
 
@@ -103,9 +103,9 @@ def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha
         activation_beta, activations, clip, direction, hidden_size, layout=None,
         output_sequence=None):
     """RNN-1+ (layout from 14)."""
-    x, (h0,), mask, num_dir = _prepare(x, [initial_h], sequence_lens, layout, direction,
+    x, (h0,), mask, num_dir = prepare_sequences(x, [initial_h], sequence_lens, layout, direction,
                                        hidden_size)
-    acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], num_dir)
+    acts = activations_per_direction(activations, activation_alpha, activation_beta, ["Tanh"], num_dir)
     ys, finals = [], []
     for d, reverse in enumerate(_directions(direction, num_dir)):
         wb = 0 if b is None else b[d, :hidden_size] + b[d, hidden_size:]
@@ -120,21 +120,20 @@ def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha
         carry, y = _run_direction(step, xw, [h0[d]], mask, reverse)
         ys.append(y)
         finals.append(carry)
-    return _finish(ys, finals, layout)
+    return _layout(layout, jnp.stack(ys, axis=1), jnp.stack([f[0] for f in finals]))
 
 
-@register("GRU", since=1)
-def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha, activation_beta,
-        activations, clip, direction, hidden_size, layout=None, linear_before_reset=None,
-        output_sequence=None):
-    """GRU-1+ (linear_before_reset from 3, layout from 14)."""
-    x, (h0,), mask, num_dir = _prepare(x, [initial_h], sequence_lens, layout, direction,
-                                       hidden_size)
-    acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"],
-                        num_dir)
+def gru_scan(x, w, r, b, h0, mask, acts, *, clip, direction, hidden_size, linear_before_reset,
+             with_gates=False):
+    """The GRU recurrence over a (seq, batch, input) ``x``, every direction.
+
+    Returns ``(h_all, h_last, gates)``: [seq, num_directions, batch, hidden], [num_directions,
+    batch, hidden], and with ``with_gates`` the activated gates z, r and the candidate h as
+    [seq, num_directions, batch, 3 * hidden] (what ORT's GRUTraining returns), else None.
+    """
     hs = hidden_size
-    ys, finals = [], []
-    for d, reverse in enumerate(_directions(direction, num_dir)):
+    h_all, h_last, gates_all = [], [], []
+    for d, reverse in enumerate(_directions(direction, len(acts))):
         wb = jnp.zeros((3 * hs,), x.dtype) if b is None else b[d, :3 * hs]
         rb = jnp.zeros((3 * hs,), x.dtype) if b is None else b[d, 3 * hs:]
         xw = jnp.matmul(x, w[d].T) + wb
@@ -151,26 +150,42 @@ def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha
             else:
                 hh = g(_clip(xt[:, 2 * hs:] + (rt * h) @ rh.T + rb[2 * hs:], clip))
             h = (1 - z) * hh + z * h
-            return (h,), h
+            return (h,), (jnp.concatenate([h, z, rt, hh], axis=-1) if with_gates else h)
 
-        carry, y = _run_direction(step, xw, [h0[d]], mask, reverse)
-        ys.append(y)
-        finals.append(carry)
-    return _finish(ys, finals, layout)
+        (h,), ys = _run_direction(step, xw, [h0[d]], mask, reverse)
+        h_all.append(ys[..., :hs])
+        gates_all.append(ys[..., hs:])
+        h_last.append(h)
+    gates = jnp.stack(gates_all, axis=1) if with_gates else None
+    return jnp.stack(h_all, axis=1), jnp.stack(h_last), gates
 
 
-@register("LSTM", since=1)
-def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *,
-         activation_alpha, activation_beta, activations, clip, direction, hidden_size,
-         input_forget, layout=None, output_sequence=None):
-    """LSTM-1+ (layout from 14; input_forget couples f = 1 - i)."""
-    x, (h0, c0), mask, num_dir = _prepare(x, [initial_h, initial_c], sequence_lens, layout,
-                                          direction, hidden_size)
-    acts = _activations(activations, activation_alpha, activation_beta,
-                        ["Sigmoid", "Tanh", "Tanh"], num_dir)
+@register("GRU", since=1)
+def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha, activation_beta,
+        activations, clip, direction, hidden_size, layout=None, linear_before_reset=None,
+        output_sequence=None):
+    """GRU-1+ (linear_before_reset from 3, layout from 14)."""
+    x, (h0,), mask, num_dir = prepare_sequences(x, [initial_h], sequence_lens, layout, direction,
+                                       hidden_size)
+    acts = activations_per_direction(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"],
+                        num_dir)
+    y, h, _ = gru_scan(x, w, r, b, h0, mask, acts, clip=clip, direction=direction,
+                       hidden_size=hidden_size, linear_before_reset=linear_before_reset)
+    return _layout(layout, y, h)
+
+
+def lstm_scan(x, w, r, b, p, h0, c0, mask, acts, *, clip, direction, hidden_size, input_forget,
+              with_gates=False):
+    """The LSTM recurrence over a (seq, batch, input) ``x``, every direction.
+
+    Returns ``(h_all, h_last, c_last, c_all, gates)``: [seq, num_directions, batch, hidden],
+    [num_directions, batch, hidden] twice, and with ``with_gates`` the cell states and the
+    activated gates i, o, f, c as [seq, num_directions, batch, hidden] and [..., 4 * hidden]
+    (what ORT's LSTMTraining returns), else None and None.
+    """
     hs = hidden_size
-    ys, finals = [], []
-    for d, reverse in enumerate(_directions(direction, num_dir)):
+    h_all, h_last, c_last, c_all, gates_all = [], [], [], [], []
+    for d, reverse in enumerate(_directions(direction, len(acts))):
         bias = 0 if b is None else b[d, :4 * hs] + b[d, 4 * hs:]
         xw = jnp.matmul(x, w[d].T) + bias
         rd = r[d]
@@ -190,9 +205,29 @@ def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=
             c = fg * c + i * cc
             o = f(_clip(go + pd[hs:2 * hs] * c, clip))
             h = o * hact(c)
-            return (h, c), h
+            return (h, c), (jnp.concatenate([h, c, i, o, fg, cc], axis=-1) if with_gates else h)
 
-        carry, y = _run_direction(step, xw, [h0[d], c0[d]], mask, reverse)
-        ys.append(y)
-        finals.append(carry)
-    return _finish(ys, finals, layout)
+        (h, c), ys = _run_direction(step, xw, [h0[d], c0[d]], mask, reverse)
+        h_all.append(ys[..., :hs])
+        c_all.append(ys[..., hs:2 * hs])
+        gates_all.append(ys[..., 2 * hs:])
+        h_last.append(h)
+        c_last.append(c)
+    if not with_gates:
+        return jnp.stack(h_all, axis=1), jnp.stack(h_last), jnp.stack(c_last), None, None
+    return (jnp.stack(h_all, axis=1), jnp.stack(h_last), jnp.stack(c_last),
+            jnp.stack(c_all, axis=1), jnp.stack(gates_all, axis=1))
+
+
+@register("LSTM", since=1)
+def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *,
+         activation_alpha, activation_beta, activations, clip, direction, hidden_size,
+         input_forget, layout=None, output_sequence=None):
+    """LSTM-1+ (layout from 14; input_forget couples f = 1 - i)."""
+    x, (h0, c0), mask, num_dir = prepare_sequences(x, [initial_h, initial_c], sequence_lens, layout,
+                                          direction, hidden_size)
+    acts = activations_per_direction(activations, activation_alpha, activation_beta,
+                        ["Sigmoid", "Tanh", "Tanh"], num_dir)
+    y, h, c, _, _ = lstm_scan(x, w, r, b, p, h0, c0, mask, acts, clip=clip, direction=direction,
+                              hidden_size=hidden_size, input_forget=input_forget)
+    return _layout(layout, y, h, c)
