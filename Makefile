@@ -30,11 +30,14 @@ test-all:
 conformance:
 	$(PY) -m jaxort.testing.conformance --jobs $(JOBS)
 
-# Hypothesis fuzzing of checkpoint bytes for FUZZ_MINUTES minutes in all
-# (`make test` runs the same tests on a bounded number of examples).
+# Hypothesis fuzzing of checkpoint bytes for FUZZ_MINUTES minutes in all, then
+# of model protos with FUZZ_EXAMPLES examples per property (`make test` runs the
+# same tests on a bounded number of examples).
 FUZZ_MINUTES ?= 10
+FUZZ_EXAMPLES ?= 2000
 fuzz:
 	FUZZ_MINUTES=$(FUZZ_MINUTES) $(PYTEST) tests/checkpoint/test_fuzz.py -k hypothesis -p no:cacheprovider
+	JAXORT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTEST) tests/graph/test_model_fuzz.py -p no:cacheprovider
 
 bench:
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -323,7 +323,12 @@ def plan(nodes: Sequence, opsets: Mapping, constants: Mapping, protected,
         for node in view.nodes:
             if id(node) in claimed or (_domain(node), node.op_type) not in anchors:
                 continue
-            m = pattern.match(view, node)
+            try:
+                m = pattern.match(view, node)
+            except (TypeError, ValueError, OverflowError, IndexError, KeyError):
+                # A malformed attribute (a list, inf, NaN where an int belongs) is
+                # not a match: the nodes run op by op, whose handlers name the error.
+                m = None
             if m is None or _refusal(view, m, claimed) is not None:
                 continue
             claimed.update(id(n) for n in m.nodes)

@@ -124,3 +124,30 @@ def test_requested_intermediate_output_keeps_its_nodes_op_by_op():
     inputs = transformer_inputs(np.random.default_rng(9), with_loss=False)
     for a, b in zip(graph.apply(graph.params, *inputs), plain.apply(plain.params, *inputs)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_malformed_softmax_axis_is_no_match():
+    # axis given as a list of ints: the matcher must not crash; the nodes run op
+    # by op, exactly as with fusion off.
+    from onnx import TensorProto, helper
+
+    from jaxort.errors import JaxortError
+    from jaxort.graph import JaxGraph
+
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=[1, 2], name="sm"),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4, 8]) for n in "qkv"]
+    model = helper.make_model(helper.make_graph(nodes, "g", vi, [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).normal(size=(2, 4, 8)).astype(np.float32)
+    try:
+        want = JaxGraph(model, check=False, fuse=False).apply({}, x, x, x)
+    except JaxortError as e:
+        with pytest.raises(JaxortError, match=str(e)):
+            JaxGraph(model, check=False).apply({}, x, x, x)
+    else:
+        got = JaxGraph(model, check=False).apply({}, x, x, x)
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
