@@ -18,13 +18,16 @@ install:
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e '.[test]'
 
+# Test worker processes (pytest-xdist); 2 fits the 2-core CI machines.
+TEST_JOBS ?= 2
+
 # The fast suite: everything but the tests marked slow.
 test:
-	$(PYTEST) -m "not slow" -p no:cacheprovider
+	$(PYTEST) -m "not slow" -p no:cacheprovider -n $(TEST_JOBS)
 
 # Every test, the slow ones included.
 test-all:
-	$(PYTEST) -p no:cacheprovider
+	$(PYTEST) -p no:cacheprovider -n $(TEST_JOBS)
 
 # Every ONNX node case (not only the core ops'), each in a worker under a time limit.
 conformance:
