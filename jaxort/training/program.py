@@ -134,6 +134,10 @@ class TrainProgram:
         self._jit_eval = jax.jit(self._eval_core)
         self._jit_opt = jax.jit(self._opt_core, donate_argnums=0)
         self._jit_fused = jax.jit(self._fused_core, donate_argnums=0)
+        # A jitted output lives where its input does (committed to the state's
+        # device or not), so a reset flag never makes the next step recompile;
+        # an eager jnp op would commit it and take the slow dispatch path.
+        self._jit_cleared = jax.jit(jnp.zeros_like)
 
     # ------------------------------------------------------------------ building
 
@@ -499,9 +503,7 @@ class TrainProgram:
         Returns:
           The new state (gradients unchanged until the next train step, as in ORT).
         """
-        # zeros_like keeps the flag on the state's device (committed like the
-        # rest of the state), so the next train step does not recompile.
-        return state.replace(accumulate=jnp.zeros_like(state.accumulate))
+        return state.replace(accumulate=self._jit_cleared(state.accumulate))
 
     def train_and_update(self, state: TrainState, *inputs) -> tuple[TrainState, tuple]:
         """``train_step``, ``optimizer_step`` and ``lazy_reset_grad`` in one compiled call.
