@@ -184,8 +184,13 @@ def _sce_bwd(reduction, ignore_index, with_log_prob, res, g):
         coef = g_loss * keep
     else:
         coef = (g_loss / denom) * keep
-    onehot = jax.nn.one_hot(safe, prob.shape[1], dtype=prob.dtype, axis=1)
-    dx = (prob - onehot) * jnp.expand_dims(coef, 1)
+    # (prob - onehot) * coef, with the onehot part as a scatter of -coef at the
+    # labels: cheaper than building the [N, C, ...] one-hot tensor.
+    coef_b = jnp.expand_dims(coef, 1)
+    picked = jnp.take_along_axis(prob * coef_b, jnp.expand_dims(safe, 1), axis=1)
+    dx = prob * coef_b
+    dx = jnp.put_along_axis(dx, jnp.expand_dims(safe, 1), picked - jnp.expand_dims(coef, 1),
+                            axis=1, inplace=False)
     if g_lp is not None:
         g_lp = as_dtype(g_lp, prob.dtype)
         dx = dx + g_lp - prob * jnp.sum(g_lp, axis=1, keepdims=True)
