@@ -96,6 +96,15 @@ def test_session_and_core_blocks_continue_training(readme):
                               ckpt.load(work / "artifacts" / "checkpoint").trainable["fc2.weight"])
 
 
+@pytest.mark.parametrize("doc", [d for d in DOCS[1:] if _python_blocks(d)], ids=lambda d: d.name)
+def test_doc_code_blocks_run(doc, tmp_path, monkeypatch):
+    # Each document's blocks run in order in one namespace of their own.
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": doc.stem}
+    for i, block in enumerate(_python_blocks(doc)):
+        exec(compile(block, f"{doc.name} python block {i + 1}", "exec"), namespace)
+
+
 def _make_targets() -> set[str]:
     targets = set()
     for doc in DOCS:
