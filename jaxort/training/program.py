@@ -6,6 +6,12 @@ step is a pure function of a :class:`TrainState`; the state argument is
 donated, so callers must use the returned state (facades replace theirs).
 Compiled code is cached per input shapes and dtypes: new batch contents or a
 new learning rate never recompile, a new batch shape compiles once.
+
+A state placed on a device mesh (:func:`jaxort.training.shard`) runs the
+same steps under ``jax.jit`` with the state's own shardings as input and
+output shardings, and host batches split over the mesh's batch axes
+(:mod:`jaxort.training.sharding`). ``train_step(..., micro_batches=k)``
+accumulates the gradient of ``k`` micro-batches inside one compiled step.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from jaxort.graph import JaxGraph, load_model
 from jaxort.training.artifacts import read as ort_artifacts
 from jaxort.training.layout import ParameterLayout
 from jaxort.training.optimizers import DEFAULT_LEARNING_RATE, OrtOptimizer, optimizer_from_model
-from jaxort.training.precision import Policy, cast_model
+from jaxort.training.precision import Policy, cast_model, compute_names
+from jaxort.training.sharding import Placement, gather, placement_of
 from jaxort.training.state import (
     TrainState,
     restore_optimizer_state,
@@ -109,6 +116,7 @@ class TrainProgram:
         self.output_names = (["loss"] if loss_fn is not None else []) + list(info.output_names)
         self.trainable_names = list(info.trainable_names)
         self.frozen_names = list(info.frozen_names)
+        self._low_precision: dict = {}  # id(model) -> names the cast graph takes in the compute dtype
         self._train_graph = self._make_graph(training_model, info, policy)
         if eval_model is not None:
             if eval_info is None:
@@ -134,6 +142,8 @@ class TrainProgram:
         self._jit_eval = jax.jit(self._eval_core)
         self._jit_opt = jax.jit(self._opt_core, donate_argnums=0)
         self._jit_fused = jax.jit(self._fused_core, donate_argnums=0)
+        self._jits: dict = {}
+        self._jits_lock = threading.Lock()
         # A jitted output lives where its input does (committed to the state's
         # device or not), so a reset flag never makes the next step recompile;
         # an eager jnp op would commit it and take the slow dispatch path.
@@ -219,7 +229,9 @@ class TrainProgram:
     def _make_graph(self, model, info, policy) -> JaxGraph:
         sliced = ort_artifacts.slice_model(model, info.output_names, keep_inputs=info.input_names)
         if policy is not None:
-            sliced = cast_model(sliced, policy.compute_dtype)
+            sliced = cast_model(sliced, policy.compute_dtype,
+                                parameters=list(info.param_inputs) + list(info.param_initializers))
+            self._low_precision[id(model)] = compute_names(sliced)
         params = list(info.param_initializers)
         names = {i.name for i in sliced.graph.input}
         param_inputs = [p for p in info.param_inputs if p in names]
@@ -299,8 +311,10 @@ class TrainProgram:
         Returns:
           The checkpoint.
         """
-        return state_to_checkpoint(state, self.optimizer, include_optimizer_state=include_optimizer_state,
-                                   properties=properties)
+        # A sharded state is gathered first (a collective: with several
+        # processes, every one of them calls this), so its file is the same.
+        return state_to_checkpoint(gather(state), self.optimizer,
+                                   include_optimizer_state=include_optimizer_state, properties=properties)
 
     def add_optimizer_state(self, state: TrainState, optimizer_groups=()) -> TrainState:
         """Returns ``state`` with this program's optimizer state, fresh or from a checkpoint group.
@@ -325,23 +339,32 @@ class TrainProgram:
 
     # ------------------------------------------------------------------ pure cores
 
-    def _prepare_inputs(self, inputs):
+    def _low(self, eval: bool) -> frozenset:
+        model = self.eval_model if eval and self.eval_model is not None else self.training_model
+        return self._low_precision.get(id(model), frozenset())
+
+    def _prepare_inputs(self, inputs, names, eval: bool = False):
+        # Under a policy only the values the cast graph declares in the compute
+        # dtype are cast; those it keeps in float32 (a float target read only by
+        # the loss) stay float32.
         if self.policy is None:
             return inputs
-        return tuple(self.policy.cast_to_compute(x) for x in inputs)
+        low = self._low(eval)
+        return tuple(self.policy.cast_to_compute(x) if n in low else x for x, n in zip(inputs, names))
 
-    def _all_params(self, params, frozen):
+    def _all_params(self, params, frozen, eval: bool = False):
         merged = dict(params)
         merged.update(frozen)
         if self.policy is not None:
-            merged = {k: self.policy.cast_to_compute(v) for k, v in merged.items()}
+            low = self._low(eval)
+            merged = {k: self.policy.cast_to_compute(v) if k in low else v for k, v in merged.items()}
         return merged
 
     def _forward_grad(self, state: TrainState, inputs):
         rng, key = jax.random.split(state.rng)
         graph = self._train_graph
         labels = inputs[self._n_graph_inputs:]
-        inputs = self._prepare_inputs(inputs[:self._n_graph_inputs])
+        inputs = self._prepare_inputs(inputs[:self._n_graph_inputs], self.input_names)
 
         def loss_fn(params):
             outs, updates = graph.apply_with_updates(
@@ -367,16 +390,16 @@ class TrainProgram:
                 params_upd[name] = value.astype(state.params[name].dtype)
         return rng, grads, outs, frozen, params_upd
 
-    def _train_core(self, state: TrainState, *inputs):
+    def _train_core(self, state: TrainState, *inputs, micro_batches: int = 1):
         self._traces["train_step"] += 1
-        return self._train_apply(state, inputs)
+        return self._train_apply(state, inputs, micro_batches)
 
     def _eval_core(self, state: TrainState, *inputs):
         self._traces["eval_step"] += 1
         graph = self._eval_graph
         labels = inputs[self._n_eval_graph_inputs:]
-        inputs = self._prepare_inputs(inputs[:self._n_eval_graph_inputs])
-        params = self._all_params(state.params, state.frozen)
+        inputs = self._prepare_inputs(inputs[:self._n_eval_graph_inputs], self.eval_input_names, eval=True)
+        params = self._all_params(state.params, state.frozen, eval=True)
         params = {k: v for k, v in params.items() if k in self._eval_params}
         outs = self._add_loss(graph.apply(params, *inputs, training=False), labels)
         return tuple(_to_output(o, self.policy) for o in outs)
@@ -401,14 +424,59 @@ class TrainProgram:
         self._traces["optimizer_step"] += 1
         return self._opt_apply(state)
 
-    def _fused_core(self, state: TrainState, *inputs):
+    def _fused_core(self, state: TrainState, *inputs, micro_batches: int = 1):
         self._traces["train_and_update"] += 1
-        state, outs = self._train_apply(state, inputs)
+        state, outs = self._train_apply(state, inputs, micro_batches)
         state = self._opt_apply(state)
         return state.replace(accumulate=jnp.zeros_like(state.accumulate)), outs
 
-    def _train_apply(self, state: TrainState, inputs):
-        rng, g, outs, frozen, params_upd = self._forward_grad(state, inputs)
+    def _forward_grad_micro(self, state: TrainState, inputs, micro_batches: int):
+        """``_forward_grad`` over ``micro_batches`` parts of the batch, in one ``lax.scan``.
+
+        Micro-batch ``j`` holds rows ``j, j + k, j + 2k, ...`` (``k`` micro-batches):
+        a reshape of the batch axis that leaves each device's rows on that
+        device. The gradient is the mean of the micro-batch gradients, which
+        for a mean loss is the gradient of the whole batch (what one train
+        step over it gives); the loss is the mean of the micro-batch losses;
+        outputs with the micro-batch rows come back in the batch's row order,
+        other outputs are averaged. Random ops draw a new key per micro-batch
+        and training-mode BatchNormalization updates its statistics once per
+        micro-batch, in order.
+        """
+        k = int(micro_batches)
+        batched = [jnp.ndim(x) > 0 for x in inputs]
+        rows = next(int(jnp.shape(x)[0]) for x, b in zip(inputs, batched) if b) // k
+        split = tuple(jnp.swapaxes(jnp.reshape(x, (rows, k) + tuple(jnp.shape(x)[1:])), 0, 1)
+                      for x, b in zip(inputs, batched) if b)
+
+        def body(carry, xs):
+            rng, frozen, params, total = carry
+            it = iter(xs)
+            micro = tuple(next(it) if b else x for x, b in zip(inputs, batched))
+            rng, g, outs, frozen, upd = self._forward_grad(
+                state.replace(rng=rng, frozen=frozen, params=params), micro)
+            total = {n: total[n] + g[n].astype(total[n].dtype) for n in total}
+            return (rng, frozen, {**params, **upd}, total), outs
+
+        zeros = {n: jnp.zeros(jnp.shape(p), jnp.result_type(p)) for n, p in state.params.items()}
+        (rng, frozen, params, total), outs = jax.lax.scan(
+            body, (state.rng, state.frozen, state.params, zeros), split)
+        grads = {n: g / k for n, g in total.items()}
+        merged = []
+        for o in outs:
+            if jnp.ndim(o) >= 2 and jnp.shape(o)[1] == rows:
+                merged.append(jnp.reshape(jnp.swapaxes(o, 0, 1), (rows * k,) + tuple(jnp.shape(o)[2:])))
+            else:
+                merged.append(jnp.mean(o.astype(jnp.float32), axis=0).astype(o.dtype)
+                              if jnp.issubdtype(o.dtype, jnp.floating) else o[-1])
+        upd = {n: v for n, v in params.items() if v is not state.params[n]}
+        return rng, grads, tuple(merged), frozen, upd
+
+    def _train_apply(self, state: TrainState, inputs, micro_batches: int = 1):
+        if micro_batches == 1:
+            rng, g, outs, frozen, params_upd = self._forward_grad(state, inputs)
+        else:
+            rng, g, outs, frozen, params_upd = self._forward_grad_micro(state, inputs, micro_batches)
         grads = {n: jnp.where(state.accumulate, state.grads[n] + g[n].astype(state.grads[n].dtype),
                               g[n].astype(state.grads[n].dtype)) for n in state.grads}
         params = dict(state.params)
@@ -447,21 +515,29 @@ class TrainProgram:
         """
         return (self._eval_inputs if eval else self._train_inputs).check(tuple(inputs))
 
-    def train_step(self, state: TrainState, *inputs) -> tuple[TrainState, tuple]:
+    def train_step(self, state: TrainState, *inputs, micro_batches: int = 1) -> tuple[TrainState, tuple]:
         """One forward/backward pass; gradients are added to (or overwrite) ``state.grads``.
 
         Args:
-          state: the state (donated: use the returned one).
-          *inputs: the user inputs and labels, in ``input_names`` order.
+          state: the state (donated: use the returned one); on one device or
+            placed on a mesh (:func:`jaxort.training.shard`).
+          *inputs: the user inputs and labels, in ``input_names`` order. On
+            a mesh, host arrays are this process's rows of the global batch.
+          micro_batches: split the batch into this many micro-batches and
+            accumulate their gradients in one compiled step (``lax.scan``);
+            the result is one train step over the whole batch (the gradient
+            of the mean loss is the mean of the micro-batch gradients). See
+            ``_forward_grad_micro`` for outputs and random ops.
 
         Returns:
           ``(new_state, outputs)``; outputs are the user outputs, loss first.
 
         Raises:
-          InputError: wrong number, shape or dtype of inputs, or labels
-            out of range (see :meth:`check_inputs`).
+          InputError: wrong number, shape or dtype of inputs, labels out of
+            range (see :meth:`check_inputs`), a batch that ``micro_batches``
+            or the mesh's batch axes do not divide.
         """
-        return self._jit_train(state, *self.check_inputs(inputs))
+        return self._run("train", state, self.check_inputs(inputs), micro_batches)
 
     def eval_step(self, state: TrainState, *inputs) -> tuple:
         """Evaluates the eval model (inference mode) on a batch.
@@ -476,7 +552,7 @@ class TrainProgram:
         Raises:
           InputError: see :meth:`check_inputs`.
         """
-        return self._jit_eval(state, *self.check_inputs(inputs, eval=True))
+        return self._run("eval", state, self.check_inputs(inputs, eval=True))
 
     def optimizer_step(self, state: TrainState) -> TrainState:
         """Applies the optimizer to the accumulated gradients (they are kept).
@@ -492,7 +568,7 @@ class TrainProgram:
         """
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
-        return self._jit_opt(state)
+        return self._run("opt", state, ())
 
     def lazy_reset_grad(self, state: TrainState) -> TrainState:
         """Makes the next train step overwrite the gradients instead of adding to them.
@@ -503,27 +579,98 @@ class TrainProgram:
         Returns:
           The new state (gradients unchanged until the next train step, as in ORT).
         """
-        return state.replace(accumulate=self._jit_cleared(state.accumulate))
+        # zeros_like keeps the flag on the state's device (committed like the
+        # rest of the state), so the next train step does not recompile; on a
+        # mesh the next step puts it back on the mesh if it left it.
+        return state.replace(accumulate=jnp.zeros_like(state.accumulate))
 
-    def train_and_update(self, state: TrainState, *inputs) -> tuple[TrainState, tuple]:
+    def train_and_update(self, state: TrainState, *inputs, micro_batches: int = 1) -> tuple[TrainState, tuple]:
         """``train_step``, ``optimizer_step`` and ``lazy_reset_grad`` in one compiled call.
 
         Args:
           state: the state (donated: use the returned one).
           *inputs: the user inputs and labels.
+          micro_batches: as in :meth:`train_step`.
 
         Returns:
           ``(new_state, outputs)``.
         """
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
-        return self._jit_fused(state, *self.check_inputs(inputs))
+        return self._run("fused", state, self.check_inputs(inputs), micro_batches)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _run(self, kind: str, state: TrainState, inputs: tuple, micro_batches: int = 1):
+        """Runs one compiled step: the plain jit on one device, a sharded one on a mesh."""
+        micro = _micro_batches(micro_batches, inputs, self.input_names)
+        mesh = placement_of(state)
+        if mesh is None and micro == 1:
+            plain = {"train": self._jit_train, "eval": self._jit_eval, "opt": self._jit_opt,
+                     "fused": self._jit_fused}[kind]
+            return plain(state, *inputs)
+        if mesh is not None:
+            placement = Placement(mesh)
+            state = _onto_mesh(state, placement)
+            names = self.eval_input_names if kind == "eval" else self.input_names
+            inputs = placement.place_batch(inputs, names)
+            state_sh = jax.tree.map(lambda x: x.sharding, state)
+            input_sh = tuple(x.sharding for x in inputs)
+            key = (kind, micro, jax.tree.structure(state), tuple(jax.tree.leaves(state_sh)), input_sh)
+        else:
+            placement = state_sh = input_sh = None
+            key = (kind, micro)
+        with self._jits_lock:
+            fn = self._jits.get(key)
+        if fn is None:
+            fn = self._compile(kind, micro, placement, state_sh, input_sh)
+            with self._jits_lock:
+                fn = self._jits.setdefault(key, fn)
+        return fn(state, *inputs)
+
+    def _compile(self, kind, micro, placement, state_sh, input_sh):
+        core = {"train": functools.partial(self._train_core, micro_batches=micro),
+                "fused": functools.partial(self._fused_core, micro_batches=micro),
+                "eval": self._eval_core, "opt": self._opt_core}[kind]
+        kwargs = {} if kind == "eval" else {"donate_argnums": 0}
+        if placement is not None:
+            outputs = placement.replicated
+            kwargs["in_shardings"] = (state_sh, *input_sh)
+            kwargs["out_shardings"] = {"train": (state_sh, outputs), "fused": (state_sh, outputs),
+                                       "eval": outputs, "opt": state_sh}[kind]
+        return jax.jit(core, **kwargs)
 
     def __repr__(self) -> str:
         opt = self.optimizer.optimizer_type if self.optimizer else None
         return (f"TrainProgram(inputs={self.input_names}, outputs={self.output_names}, "
                 f"trainable={len(self.trainable_names)}, frozen={len(self.frozen_names)}, "
                 f"optimizer={opt})")
+
+
+def _micro_batches(micro_batches, inputs, names) -> int:
+    """``micro_batches`` checked against the batch: a positive int dividing every batched input."""
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
+        raise InputError(f"micro_batches must be a positive integer, got {micro_batches!r}")
+    k = int(micro_batches)
+    if k > 1:
+        for name, x in zip(names, inputs):
+            if np.ndim(x) > 0 and np.shape(x)[0] % k:
+                raise InputError(f"input {name!r}: batch size {np.shape(x)[0]} is not divisible by "
+                                 f"micro_batches={k}")
+    return k
+
+
+def _onto_mesh(state: TrainState, placement: Placement) -> TrainState:
+    """``state`` with any leaf that left the mesh (e.g. a new learning rate) put back on it, replicated."""
+    mesh = placement.mesh
+
+    def fix(x):
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh == mesh:
+            return x
+        return jax.device_put(np.asarray(x), placement.replicated) if jax.process_count() == 1 else \
+            jax.make_array_from_callback(np.shape(x), placement.replicated, lambda i, v=np.asarray(x): v[i])
+    return jax.tree.map(fix, state)
 
 
 def _to_output(value, policy):
