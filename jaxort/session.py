@@ -225,7 +225,7 @@ class TrainingSession:
 
     def __init__(self, state: CheckpointHandle, train_model: ModelLike,
                  eval_model: Optional[ModelLike] = None, optimizer_model: Optional[ModelLike] = None, *,
-                 device: str = "cpu"):
+                 device: str = "cpu", mesh: Any = None, strategy: str = "data"):
         """Creates a session (CreateTrainingSession).
 
         Args:
@@ -234,10 +234,11 @@ class TrainingSession:
           eval_model: the eval model, optional (eval steps and export need it).
           optimizer_model: the optimizer model, optional (optimizer steps need it).
           device: ``"cpu"``, ``"cuda"``, ``"gpu"`` or ``"tpu"`` (``":<index>"``).
+          mesh, strategy: shard the state over a ``jax.sharding.Mesh`` (see ``jaxort.training.shard``).
 
         Raises:
           InputError: the device is unknown or not available.
-          TrainingError, ModelError: invalid artifacts.
+          TrainingError, ModelError: invalid artifacts, mesh or strategy.
           CheckpointError: the checkpoint does not match the training model.
         """
         if not isinstance(state, CheckpointHandle):
@@ -248,11 +249,12 @@ class TrainingSession:
         self._handle = state
         self._program = program
         self._released = False
-        state.cell.run(lambda st: st.attach(program, device=device, owner=self))
+        state.cell.run(lambda st: st.attach(program, device=device, owner=self, mesh=mesh, strategy=strategy))
 
     @classmethod
     def from_buffers(cls, state: CheckpointHandle, train_model: bytes, eval_model: Optional[bytes] = None,
-                     optimizer_model: Optional[bytes] = None, *, device: str = "cpu") -> "TrainingSession":
+                     optimizer_model: Optional[bytes] = None, *, device: str = "cpu",
+                     **placement) -> "TrainingSession":
         """Creates a session from in-memory model bytes (CreateTrainingSessionFromBuffer)."""
         for what, value in (("train_model", train_model), ("eval_model", eval_model),
                             ("optimizer_model", optimizer_model)):
@@ -260,7 +262,7 @@ class TrainingSession:
                 raise InputError(f"{what} must be bytes, got {type(value).__name__}")
         train_model, eval_model, optimizer_model = (
             None if b is None else bytes(b) for b in (train_model, eval_model, optimizer_model))
-        return cls(state, train_model, eval_model, optimizer_model, device=device)
+        return cls(state, train_model, eval_model, optimizer_model, device=device, **placement)
 
     def _run(self, fn):
         """``fn(state)`` as one transaction on the handle's cell, once this session still owns it."""

@@ -49,6 +49,7 @@ LAYER_OF_PATH = {
     "graph/": "graph",
     "backend.py": "graph",
     "training/": "training",
+    "distributed.py": "training",  # re-exports jaxort.training.distributed
     "testing/": "testing",
     "session.py": "facades",
     "api/": "facades",

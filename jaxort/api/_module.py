@@ -43,7 +43,8 @@ class Module:
     training: bool
 
     def __init__(self, train_model_uri: Any, state: CheckpointState, eval_model_uri: Any = None,
-                 device: str = "cpu", session_options: Any = None) -> None:
+                 device: str = "cpu", session_options: Any = None, *, mesh: Any = None,
+                 strategy: str = "data") -> None:
         """Creates the module.
 
         Args:
@@ -55,6 +56,11 @@ class Module:
             ``":<index>"``): the JAX device that holds the training state.
           session_options: accepted for compatibility and ignored (ORT
             SessionOptions configure ORT's executor).
+          mesh: a ``jax.sharding.Mesh`` (axes "data" and/or "fsdp") to shard
+            the training state over; batches are then split over its
+            devices (see ``jaxort.training.shard``). None: one ``device``.
+          strategy: "data" (parameters replicated) or "fsdp" (parameters,
+            gradients and optimizer moments split along "fsdp").
 
         Raises:
           InputError: the device is unknown or not available.
@@ -66,7 +72,8 @@ class Module:
                                          state.session_state.checkpoint)
         self.training = True
         self._state = state
-        state.session_state = state.session_state.attach(program, device=device, owner=self)
+        state.session_state = state.session_state.attach(program, device=device, owner=self, mesh=mesh,
+                                                         strategy=strategy)
 
     def _run(self, fn, optimizer: Any = None):
         """``fn(state)`` as one transaction on the CheckpointState's cell, once this Module owns it."""

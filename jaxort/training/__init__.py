@@ -16,7 +16,10 @@ ORT's optimizers are optax transforms (:func:`scale_by_ort_adamw`,
 optimizer step (:func:`linear_lr_schedule`, applied with :func:`apply_schedule`).
 :class:`SessionState` is a checkpoint state and the session over it as one
 value, the core both facades delegate to; :class:`ParameterLayout` gives
-ORT's parameter-buffer order. Artifacts are read, generated and exported by
+ORT's parameter-buffer order. :func:`shard` places a state on a
+``jax.sharding.Mesh`` (data parallel or fully sharded, :mod:`jaxort.training.sharding`);
+:mod:`jaxort.training.distributed` (also ``jaxort.distributed``) runs it over
+several hosts. Artifacts are read, generated and exported by
 :mod:`jaxort.training.artifacts`. This layer knows nothing of the session
 facades.
 """
@@ -43,6 +46,7 @@ from jaxort.training.layout import ParameterLayout
 from jaxort.training.precision import Policy, bfloat16_policy, cast_model
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
+from jaxort.training.sharding import Placement, gather, make_mesh, shard
 from jaxort.training.session_state import PROCESS_SEED, PROGRAMS, ProcessSeed, ProgramCache, SessionState
 from jaxort.training.state import (
     TrainState,
@@ -61,6 +65,7 @@ __all__ = [
     "PROCESS_SEED",
     "PROGRAMS",
     "ParameterLayout",
+    "Placement",
     "Policy",
     "ProcessSeed",
     "ProgramCache",
@@ -75,7 +80,9 @@ __all__ = [
     "bfloat16_policy",
     "cast_model",
     "describe_training_model",
+    "gather",
     "linear_lr_schedule",
+    "make_mesh",
     "optimizer_from_model",
     "ort_adamw",
     "ort_sgd",
@@ -85,6 +92,7 @@ __all__ = [
     "set_initial_learning_rate",
     "set_learning_rate",
     "set_seed",
+    "shard",
     "sgd_optimizer",
     "slice_model",
     "state_from_checkpoint",

@@ -41,6 +41,7 @@ from jaxort.training.artifacts.export import export_model_for_inferencing
 from jaxort.training.layout import ParameterLayout
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
+from jaxort.training.sharding import Placement, gather
 from jaxort.training.state import TrainState, apply_schedule, set_initial_learning_rate, set_learning_rate
 from jaxort.training.state import set_seed as _reseed
 
@@ -222,7 +223,9 @@ class SessionState:
       layout: the session's parameter layout (ORT's buffer order).
       train: the session's :class:`TrainState`; None without a session or
         while the state is nominal.
-      device: the JAX device holding ``train``.
+      device: the JAX device holding ``train`` (on a mesh: its first device).
+      placement: the mesh and strategy ``train`` is sharded with, or None
+        for one device (see :mod:`jaxort.training.sharding`).
       owner: an opaque token of the facade object that owns the session;
         another owner's calls are refused (:meth:`require_owner`).
       seed: the seed of the session's random ops.
@@ -246,6 +249,7 @@ class SessionState:
     has_grads: bool = False
     schedule: Optional[Callable] = None
     optimizer_owner: Any = None
+    placement: Optional[Placement] = None
 
     @classmethod
     def from_checkpoint(cls, checkpoint: ckpt.Checkpoint) -> "SessionState":
@@ -305,7 +309,7 @@ class SessionState:
         self.check_parameter(name)
         self.check_values("get a parameter from")
         if self.train is not None:
-            return np.array(self.train.parameters[name])
+            return np.array(gather(self.train.parameters[name]))
         return np.array(self.checkpoint.parameters[name])
 
     def gradient(self, name: str) -> Optional[np.ndarray]:
@@ -314,7 +318,7 @@ class SessionState:
         self.check_values("get a gradient from")
         if self.train is None or name not in self.train.grads:
             return None
-        return np.array(self.train.grads[name])
+        return np.array(gather(self.train.grads[name]))
 
     def parameter_type_and_shape(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
         """The parameter's dtype and shape (works on nominal states)."""
@@ -345,11 +349,11 @@ class SessionState:
 
     def _with_values(self, values: Mapping[str, np.ndarray]) -> "SessionState":
         if self.train is not None:
-            placed = jax.device_put(dict(values), self.device)
+            placed = dict(values) if self.placement is not None else jax.device_put(dict(values), self.device)
             st = self.train
-            return self.replace(train=st.replace(
+            return self.replace(train=self._place(st.replace(
                 params={**st.params, **{k: v for k, v in placed.items() if k in st.params}},
-                frozen={**st.frozen, **{k: v for k, v in placed.items() if k in st.frozen}}))
+                frozen={**st.frozen, **{k: v for k, v in placed.items() if k in st.frozen}})))
         cp = self.checkpoint
         return self.replace(checkpoint=cp.replace(
             trainable={**cp.trainable, **{k: v for k, v in values.items() if k in cp.trainable}},
@@ -385,27 +389,50 @@ class SessionState:
 
     # Sessions -----------------------------------------------------------------
 
-    def attach(self, program: TrainProgram, *, device, owner: Any) -> "SessionState":
-        """Starts a session: ``owner``'s, over ``program``, on ``device``.
+    def attach(self, program: TrainProgram, *, device, owner: Any, mesh: Any = None,
+               strategy: str = "data") -> "SessionState":
+        """Starts a session: ``owner``'s, over ``program``, on ``device`` or sharded over ``mesh``.
 
         A session that held the state is detached first, so the new one
         starts from the current values. The seed is the process seed if one
         was set (ORT's SetSeed), else 0.
 
+        Args:
+          program: the compiled program.
+          device: the JAX device holding the state (without a mesh).
+          owner: the facade object that owns the session.
+          mesh: a ``jax.sharding.Mesh`` with axes "data" and/or "fsdp", or
+            None for one device; with a mesh every step runs on all its
+            devices and batches are split over it.
+          strategy: "data" (parameters replicated) or "fsdp" (parameters,
+            gradients and optimizer moments split); see
+            :func:`jaxort.training.shard`.
+
         Raises:
           CheckpointError: the checkpoint does not match the training model.
+          TrainingError: a bad mesh or strategy.
         """
+        placement = None if mesh is None else Placement(mesh, strategy)
+        if placement is not None:
+            device = mesh.devices.flat[0]
         base = self.detach()
         seed, generation = PROCESS_SEED.get()
         seed = 0 if seed is None else seed
         layout = program.layout
         layout.check_checkpoint(base.checkpoint.parameters)
+        base = base.replace(device=device, placement=placement)
         train = None
         if not base.checkpoint.is_nominal:
-            train = jax.device_put(program.init_state(base.checkpoint, seed=seed), device)
-        return base.replace(program=program, layout=layout, train=train, device=device, owner=owner,
+            train = base._place(program.init_state(base.checkpoint, seed=seed))
+        return base.replace(program=program, layout=layout, train=train, owner=owner,
                             seed=seed, seed_generation=generation, has_grads=False, schedule=None,
                             optimizer_owner=None)
+
+    def _place(self, train: TrainState) -> TrainState:
+        """``train`` on this session's device, or sharded by its placement."""
+        if self.placement is not None:
+            return self.placement.place_state(train)
+        return jax.device_put(train, self.device)
 
     def detach(self) -> "SessionState":
         """Ends the session: its current values (and optimizer state) go back into ``checkpoint``."""
@@ -417,7 +444,7 @@ class SessionState:
             if not self.program.has_optimizer:
                 checkpoint = checkpoint.replace(optimizer_groups=self.checkpoint.optimizer_groups)
         return self.replace(checkpoint=checkpoint, program=None, layout=None, train=None, device=None,
-                            owner=None, has_grads=False, schedule=None, optimizer_owner=None)
+                            placement=None, owner=None, has_grads=False, schedule=None, optimizer_owner=None)
 
     def require_owner(self, owner: Any, message: str = "the checkpoint state is now used by another "
                                                        "TrainingSession") -> None:
@@ -443,8 +470,7 @@ class SessionState:
         """
         train = self.train
         if train is not None:
-            train = jax.device_put(program.add_optimizer_state(train, self.checkpoint.optimizer_groups),
-                                   self.device)
+            train = self._place(program.add_optimizer_state(train, self.checkpoint.optimizer_groups))
         return self.replace(program=program, train=train, schedule=None, optimizer_owner=owner)
 
     def follow_seed(self) -> "SessionState":
@@ -459,7 +485,7 @@ class SessionState:
         seed = int(seed)
         train = self.train
         if train is not None:
-            train = jax.device_put(_reseed(train, seed), self.device)
+            train = self._place(_reseed(train, seed))
         return self.replace(seed=seed, train=train)
 
     def _live(self) -> TrainState:
@@ -563,7 +589,7 @@ class SessionState:
             raise StateError("Cannot copy parameters from a nominal checkpoint state. Please load the model "
                              "parameters first.")
         names = self.layout.buffer_names(bool(trainable_only))
-        values = jax.device_get({n: self.train.parameters[n] for n in names})
+        values = gather({n: self.train.parameters[n] for n in names})
         return self.layout.flatten(values, bool(trainable_only))
 
     def buffer_to_parameters(self, buffer: Any, trainable_only: bool) -> "SessionState":
@@ -582,7 +608,7 @@ class SessionState:
         cp = self.checkpoint
         data = cp.replace(trainable={n: values[n] for n in cp.trainable},
                           frozen={n: values[n] for n in cp.frozen}, is_nominal=False)
-        train = jax.device_put(self.program.init_state(data, seed=self.seed), self.device)
+        train = self._place(self.program.init_state(data, seed=self.seed))
         return self.replace(checkpoint=data, train=train)
 
     def export_model(self, output_names: Sequence[str]) -> onnx.ModelProto:
@@ -595,7 +621,7 @@ class SessionState:
         st = self._live()
         if not self.program.has_eval_model:
             raise StateError("Eval model was not provided. Cannot export a model for inferencing.")
-        params = jax.device_get(st.parameters)
+        params = gather(st.parameters)
         return export_model_for_inferencing(self.program.eval_model, params, list(output_names))
 
 
