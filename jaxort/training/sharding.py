@@ -102,6 +102,11 @@ class Placement:
             raise TrainingError(f"mesh axes must be named 'data' and/or 'fsdp', got {names}")
         if self.strategy == "fsdp" and "fsdp" not in names:
             raise TrainingError(f"strategy 'fsdp' needs a mesh axis named 'fsdp', the mesh has {names}")
+        # The traced ONNX ops carry no sharding types, so the steps use automatic
+        # axes: a mesh with explicit axes (jax.make_mesh's default) is rebuilt
+        # over the same devices with automatic ones.
+        if any("Auto" not in str(t) for t in getattr(self.mesh, "axis_types", ())):
+            object.__setattr__(self, "mesh", Mesh(self.mesh.devices, names))
 
     @property
     def batch_axes(self) -> tuple:
