@@ -24,7 +24,7 @@ from jaxort.errors import (
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("api", "backend", "checkpoint", "graph", "session", "training", "testing")
+_SUBMODULES = ("api", "backend", "checkpoint", "distributed", "graph", "session", "training", "testing")
 
 
 def __getattr__(name):
