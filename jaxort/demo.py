@@ -103,6 +103,7 @@ def run_demo(
     hidden: int = 64,
     seed: int = 0,
     test_fraction: float = 0.2,
+    progress: Optional[bool] = None,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Trains the digits MLP through ``jaxort.api`` and reports its accuracy.
@@ -124,15 +125,21 @@ def run_demo(
       hidden: hidden layer width.
       seed: seed of the weights, the split and the shuffling.
       test_fraction: share of the 1,797 images held out.
+      progress: show a tqdm progress bar on stderr (None: only on a terminal).
       log: receives each output line.
 
     Returns:
       A dict with ``accuracy`` (held-out), ``eval_loss``, ``train_loss``
       (mean of the last epoch), ``steps``, ``steps_per_second`` (after the
       first epoch, which compiles), ``seconds``
-      and the paths ``artifacts``, ``checkpoint``, ``inference_model``.
+      ``losses`` (every step's train loss) and the paths ``artifacts``,
+      ``checkpoint``, ``inference_model`` and ``loss_curve`` (a PNG of the
+      step losses, beside the checkpoint).
     """
+    from tqdm.auto import tqdm
+
     from jaxort import api
+    from jaxort.train_loop import plot_loss_curve
     from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
 
     start = time.perf_counter()
@@ -154,6 +161,9 @@ def run_demo(
     rng = np.random.default_rng(seed)
     n_batches = len(x_train) // batch_size
     steps, timed_steps, train_time, mean_loss = 0, 0, 0.0, float("nan")
+    all_losses = []
+    bar = tqdm(total=epochs * n_batches, unit="step", desc="digits", dynamic_ncols=True,
+               disable=(not progress) if progress is not None else None)
     module.train()
     for epoch in range(1, epochs + 1):
         order = rng.permutation(len(x_train))
@@ -165,6 +175,9 @@ def run_demo(
             optimizer.step()
             module.lazy_reset_grad()
             losses.append(float(loss))
+            bar.update(1)
+            bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.4f}", refresh=False)
+        all_losses += losses
         seconds = time.perf_counter() - t0
         steps += n_batches
         if epoch > 1 or epochs == 1:
@@ -173,7 +186,9 @@ def run_demo(
             timed_steps += n_batches
         mean_loss = float(np.mean(losses))
         note = "  (includes compilation)" if epoch == 1 else ""
-        log(f"epoch {epoch:2d}/{epochs}  loss {mean_loss:.4f}  {n_batches / seconds:8.1f} steps/s{note}")
+        bar.write(f"epoch {epoch:2d}/{epochs}  loss {mean_loss:.4f}  {n_batches / seconds:8.1f} steps/s{note}",
+                  file=_LogFile(log))
+    bar.close()
 
     module.eval()
     eval_loss, logits = module(x_test, y_test)
@@ -183,10 +198,14 @@ def run_demo(
     api.CheckpointState.save_checkpoint(state, str(checkpoint_path), include_optimizer_state=True)
     inference_path = out / "inference_model.onnx"
     module.export_model_for_inferencing(str(inference_path), ["output"])
+    curve_path = plot_loss_curve(
+        out / "loss_curve.png", {"train (per step)": (range(1, steps + 1), all_losses)},
+        title=f"digits MLP 64-{hidden}-10: held-out accuracy {accuracy:.3f}")
     seconds = time.perf_counter() - start
     log(f"saved checkpoint to {checkpoint_path}")
     log(f"saved inference model to {inference_path} (input 'input' [batch, 64] pixels/16, "
         f"output 'output' [batch, 10] logits)")
+    log(f"saved loss curve to {curve_path}")
     log(f"held-out accuracy {accuracy:.4f} ({int(round(accuracy * len(y_test)))}/{len(y_test)}), "
         f"eval loss {float(eval_loss):.4f}, {seconds:.1f} s in all")
     return {
@@ -199,4 +218,20 @@ def run_demo(
         "artifacts": art_dir,
         "checkpoint": checkpoint_path,
         "inference_model": inference_path,
+        "loss_curve": curve_path,
+        "losses": all_losses,
     }
+
+
+class _LogFile:
+    """A file-like ``write`` that hands each line to ``log``, so tqdm can print above its bar."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self._log = log
+
+    def write(self, text: str) -> None:
+        if text.strip():
+            self._log(text.rstrip("\n"))
+
+    def flush(self) -> None:
+        pass

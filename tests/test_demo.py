@@ -39,6 +39,11 @@ def test_run_demo(tmp_path):
     assert any("steps/s" in line and "loss" in line for line in lines)
     assert str(result["checkpoint"]) in "\n".join(lines)
     assert str(result["inference_model"]) in "\n".join(lines)
+    # The loss curve is a PNG beside the checkpoint, of every step's loss.
+    png = result["loss_curve"].read_bytes()
+    assert result["loss_curve"] == tmp_path / "loss_curve.png" and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert int.from_bytes(png[16:20], "big") == 600 and int.from_bytes(png[20:24], "big") == 400
+    assert len(result["losses"]) == result["steps"] and result["losses"][-1] < result["losses"][0] / 5
 
     _, _, x_test, y_test = demo._split(0, 0.2)
     sess = ort.InferenceSession(str(result["inference_model"]), providers=["CPUExecutionProvider"])

@@ -1,0 +1,408 @@
+"""A resumable training loop over an artifact set, for ``jaxort train``.
+
+:func:`run_training` trains ONNX Runtime Training artifacts (ORT's or
+jaxort's) with the functional core (:class:`jaxort.training.TrainProgram`) on
+arrays from an ``.npz`` file whose names are the model's inputs: shuffled
+fixed-size batches, a progress bar (tqdm), periodic evaluation, checkpoints
+every N steps (atomic, as :func:`jaxort.checkpoint.save` writes them), a JSON
+lines metrics log, a loss-curve PNG, and a checkpoint on Ctrl-C.
+
+Resuming is exact. A checkpoint written here holds the optimizer state and,
+as integer properties, where the run stood (``jaxort.train.step``,
+``.epoch``, ``.batch``, ``.seed``, ``.batch_size``). The batch order of epoch
+``e`` depends only on ``(seed, e)``, the learning rate of step ``n`` only on
+the schedule and ``n``, and the Dropout key of step ``n`` only on
+``(seed, n)``; so a run resumed from the checkpoint of step ``k`` computes the
+same losses and parameters as one that never stopped.
+
+Also :func:`load_arrays` (an ``.npz`` as a dict, or an ``InputError``) and
+:func:`plot_loss_curve` (matplotlib with the Agg canvas, no global backend
+change). A facade module: it imports the layers below and nothing imports it
+but the command line and the demo.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Optional, Union
+
+import numpy as np
+
+from jaxort.errors import CheckpointError, InputError
+
+__all__ = ["ARTIFACT_FILES", "POSITION_PROPERTIES", "SCHEDULES", "load_arrays", "plot_loss_curve",
+           "read_metrics", "run_training"]
+
+PathLike = Union[str, os.PathLike]
+
+# The files of an artifact directory, as ORT's generate_artifacts names them.
+ARTIFACT_FILES = {
+    "training_model": "training_model.onnx",
+    "eval_model": "eval_model.onnx",
+    "optimizer_model": "optimizer_model.onnx",
+    "checkpoint": "checkpoint",
+}
+
+# Checkpoint properties that say where a run stood.
+POSITION_PROPERTIES = ("jaxort.train.step", "jaxort.train.epoch", "jaxort.train.batch",
+                       "jaxort.train.seed", "jaxort.train.batch_size")
+
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def load_arrays(path: PathLike, what: str = "data") -> dict:
+    """Reads every array of an ``.npz`` file.
+
+    Args:
+      path: the file.
+      what: how error messages name it (e.g. ``"--data"``).
+
+    Returns:
+      Array name -> numpy array, in the file's order.
+
+    Raises:
+      InputError: the file is not a readable ``.npz`` archive (a ``.npy``
+        array, a pickle, a truncated or foreign file).
+    """
+    path = os.fspath(path)
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise InputError(f"{what} {path!r} is a single .npy array, not an .npz archive of named arrays")
+        with data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"{what} {path!r} is not a readable .npz archive: {exc}") from None
+
+
+def _columns(arrays: Mapping, names: Sequence[str], path: PathLike, what: str) -> list:
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise InputError(f"{what} {os.fspath(path)!r} has no array for the model input(s) {missing}; "
+                         f"the model takes {list(names)}, the file has {list(arrays)}")
+    columns = [np.asarray(arrays[n]) for n in names]
+    lengths = {n: (c.shape[0] if c.ndim else None) for n, c in zip(names, columns)}
+    if len(set(lengths.values())) != 1 or None in lengths.values():
+        raise InputError(f"{what} {os.fspath(path)!r}: the arrays must have one length along their first "
+                         f"axis (the examples); got {lengths}")
+    return columns
+
+
+def plot_loss_curve(path: PathLike, curves: Mapping[str, tuple], *, title: str = "loss",
+                    xlabel: str = "step") -> pathlib.Path:
+    """Saves loss curves as a PNG.
+
+    Args:
+      path: the PNG to write.
+      curves: label -> ``(xs, ys)``; ``label`` ending in ``"eval"`` is drawn
+        with markers.
+      title: the plot title.
+      xlabel: the x-axis label.
+
+    Returns:
+      The path written.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for label, (xs, ys) in curves.items():
+        style = {"marker": "o", "linestyle": "--"} if label.endswith("eval") else {}
+        ax.plot(list(xs), list(ys), label=label, **style)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = pathlib.Path(path)
+    fig.savefig(path, format="png")
+    return path
+
+
+def read_metrics(path: PathLike) -> list:
+    """The records of a metrics log written by :func:`run_training` (one JSON object a line)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _schedule(name: str, lr: float, warmup: int, total: int) -> Callable[[int], float]:
+    from jaxort.training import linear_lr_schedule
+
+    if name == "constant":
+        return lambda n: lr
+    if name == "linear":
+        sched = linear_lr_schedule(lr, warmup, total)
+        return lambda n: float(sched(n))
+    if name == "cosine":
+        import optax
+
+        sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total, warmup + 1))
+        return lambda n: float(sched(n))
+    raise InputError(f"unknown schedule {name!r}; expected one of {list(SCHEDULES)}")
+
+
+class _Interrupt:
+    """Turns SIGINT into a flag the loop checks after each step (main thread only)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second Ctrl-C stops at once
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def run_training(
+    artifacts: PathLike,
+    data: PathLike,
+    *,
+    epochs: int = 1,
+    batch_size: int = 32,
+    learning_rate: Optional[float] = None,
+    schedule: str = "constant",
+    warmup_steps: int = 0,
+    eval_data: Optional[PathLike] = None,
+    eval_every: Optional[int] = None,
+    checkpoint_out: PathLike = "checkpoint_out",
+    every: Optional[int] = None,
+    resume: Optional[PathLike] = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    device: str = "cpu",
+    metrics: Optional[PathLike] = None,
+    plot: Optional[PathLike] = None,
+    stop_after: Optional[int] = None,
+    progress: Optional[bool] = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Trains an artifact set on the arrays of an ``.npz`` file.
+
+    Each step is one ``TrainProgram.train_and_update`` (train step, optimizer
+    step, ``lazy_reset_grad``) on ``batch_size`` examples; the last partial
+    batch of an epoch is skipped, so one compiled step serves the run.
+
+    Args:
+      artifacts: a directory with training_model.onnx, optimizer_model.onnx,
+        checkpoint and optionally eval_model.onnx.
+      data: an ``.npz`` with one array per training-model input (user inputs
+        and labels), examples along the first axis.
+      epochs: passes over ``data``.
+      batch_size: examples per step.
+      learning_rate: the (peak) learning rate; default the checkpoint's
+        optimizer group's, else ORT's 0.001.
+      schedule: ``"constant"``, ``"linear"`` (ORT's LinearLRScheduler:
+        warmup then linear decay to 0 at the last step) or ``"cosine"``
+        (warmup then cosine decay), over the run's steps.
+      warmup_steps: warmup length for ``linear`` and ``cosine``.
+      eval_data: an ``.npz`` for the eval model's inputs; evaluated at the end
+        of each epoch, every ``eval_every`` steps and at the end.
+      eval_every: evaluate every this many steps too.
+      checkpoint_out: the checkpoint written every ``every`` steps, on
+        interrupt and at the end (with optimizer state and position).
+      every: steps between checkpoints; None: only at the end.
+      resume: a checkpoint written by this function to continue from.
+      seed: seed of the batch order and of Dropout.
+      shuffle: shuffle each epoch (False: file order).
+      device: ``"cpu"``, ``"gpu"``, ``"cuda"`` or ``"tpu"`` (``":<index>"``).
+      metrics: the JSON lines log; default ``<checkpoint_out>.metrics.jsonl``.
+        Records: ``{"event": "train", "step", "epoch", "loss", "lr",
+        "seconds"}``, ``{"event": "eval", "step", "epoch", "eval_loss"}``,
+        ``{"event": "checkpoint", "step", "path"}``. A resumed run keeps the
+        records up to its checkpoint's step and appends.
+      plot: the loss-curve PNG; default ``<checkpoint_out>.loss.png``.
+      stop_after: stop (with a checkpoint) once this many steps are done.
+      progress: show a tqdm bar on stderr (None: only on a terminal).
+      log: receives each output line.
+
+    Returns:
+      A dict: ``steps`` (done, the resumed ones included), ``loss`` (last
+      train loss), ``eval_loss`` (last, or None), ``checkpoint``,
+      ``metrics``, ``plot``, ``interrupted`` (stopped by SIGINT),
+      ``stopped`` (stopped by ``stop_after``), ``params`` (name -> numpy
+      array, trainable and frozen).
+
+    Raises:
+      InputError: unreadable data, missing input arrays, too few examples,
+        a bad schedule, a resume checkpoint of another run.
+      CheckpointError: a resume checkpoint without optimizer state or position.
+      TrainingError, ModelError: artifacts that cannot be trained.
+    """
+    import jax
+    from tqdm.auto import tqdm
+
+    from jaxort import checkpoint as ckpt_io
+    from jaxort.graph import resolve_device
+    from jaxort.training import TrainProgram, set_learning_rate
+
+    art = pathlib.Path(artifacts)
+    dev = resolve_device(device)
+    start_ckpt = ckpt_io.load(resume if resume is not None else art / ARTIFACT_FILES["checkpoint"])
+    eval_path = art / ARTIFACT_FILES["eval_model"]
+    program = TrainProgram.from_artifacts(
+        art / ARTIFACT_FILES["training_model"], eval_path if eval_path.exists() else None,
+        art / ARTIFACT_FILES["optimizer_model"], checkpoint=start_ckpt)
+
+    columns = _columns(load_arrays(data, "--data"), program.input_names, data, "--data")
+    n_examples = len(columns[0])
+    if n_examples < batch_size:
+        raise InputError(f"--data {os.fspath(data)!r} has {n_examples} examples, fewer than one batch "
+                         f"of {batch_size}")
+    eval_columns = None
+    if eval_data is not None:
+        eval_columns = _columns(load_arrays(eval_data, "--eval-data"), program.eval_input_names, eval_data,
+                                "--eval-data")
+    per_epoch = n_examples // batch_size
+    total = epochs * per_epoch
+
+    props = dict(start_ckpt.properties)
+    step = 0
+    if resume is not None:
+        missing = [p for p in POSITION_PROPERTIES if p not in props]
+        if missing or not start_ckpt.optimizer_groups:
+            raise CheckpointError(
+                f"--resume {os.fspath(resume)!r} was not written by jaxort train: it lacks "
+                + ("optimizer state" if not start_ckpt.optimizer_groups else f"the properties {missing}"))
+        for name, given in (("seed", seed), ("batch_size", batch_size)):
+            saved = props[f"jaxort.train.{name}"]
+            if saved != given:
+                raise InputError(f"--resume {os.fspath(resume)!r} comes from a run with {name} {saved}; "
+                                 f"resume with the same {name} (given {given})")
+        step = int(props["jaxort.train.step"])
+        if step > total:
+            raise InputError(f"--resume {os.fspath(resume)!r} is at step {step}, past the {total} steps of "
+                             f"{epochs} epoch(s) of {per_epoch} batches")
+
+    state = jax.device_put(program.init_state(start_ckpt, seed=seed), dev)
+    peak = float(np.asarray(state.learning_rate)) if learning_rate is None else float(learning_rate)
+    lr_at = _schedule(schedule, peak, warmup_steps, total)
+    base_key = jax.random.PRNGKey(int(seed))
+
+    out = pathlib.Path(checkpoint_out)
+    metrics_path = pathlib.Path(metrics) if metrics is not None else out.with_name(out.name + ".metrics.jsonl")
+    plot_path = pathlib.Path(plot) if plot is not None else out.with_name(out.name + ".loss.png")
+    kept = []
+    if resume is not None and metrics_path.exists():
+        kept = [r for r in read_metrics(metrics_path) if r.get("step", 0) <= step]
+    metrics_file = open(metrics_path, "w", encoding="utf-8")
+
+    def record(**fields):
+        metrics_file.write(json.dumps(fields) + "\n")
+        metrics_file.flush()
+
+    for r in kept:
+        record(**r)
+
+    def save(epoch, batch):
+        position = dict(zip(POSITION_PROPERTIES, (step, epoch, batch, int(seed), int(batch_size))))
+        ckpt_io.save(program.to_checkpoint(state, include_optimizer_state=True,
+                                           properties={**props, **position}), out,
+                    include_optimizer_state=True)
+        record(event="checkpoint", step=step, path=str(out))
+
+    def evaluate(epoch):
+        if eval_columns is None:
+            return None
+        total_loss, count = 0.0, 0
+        n = len(eval_columns[0])
+        for lo in range(0, n, batch_size):
+            batch = [c[lo:lo + batch_size] for c in eval_columns]
+            loss = float(np.asarray(program.eval_step(state, *batch)[0]))
+            total_loss += loss * len(batch[0])
+            count += len(batch[0])
+        value = total_loss / count
+        record(event="eval", step=step, epoch=epoch, eval_loss=value)
+        return value
+
+    epoch, batch_index = divmod(step, per_epoch)
+    loss = eval_loss = None
+    interrupted = stopped = False
+    started = time.perf_counter()
+    log(f"training {program.input_names} -> {program.output_names[0]}: {n_examples} examples, "
+        f"{per_epoch} batches of {batch_size} per epoch, {epochs} epoch(s)"
+        + (f", resuming at step {step}" if resume is not None else ""))
+    bar = tqdm(total=total, initial=step, unit="step", file=sys.stderr, disable=(not progress) if progress
+               is not None else None, dynamic_ncols=True, desc="train")
+    try:
+        with _Interrupt() as interrupt:
+            while epoch < epochs and not (interrupted or stopped):
+                order = (np.random.default_rng([int(seed), epoch]).permutation(n_examples) if shuffle
+                         else np.arange(n_examples))
+                while batch_index < per_epoch:
+                    idx = order[batch_index * batch_size:(batch_index + 1) * batch_size]
+                    lr = lr_at(step)
+                    state = set_learning_rate(state, lr).replace(rng=jax.random.fold_in(base_key, step))
+                    state, outs = program.train_and_update(state, *(c[idx] for c in columns))
+                    loss = float(np.asarray(outs[0]))
+                    step += 1
+                    batch_index += 1
+                    record(event="train", step=step, epoch=epoch + 1, loss=loss, lr=float(np.float32(lr)),
+                           seconds=round(time.perf_counter() - started, 4))
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                    if eval_every and step % eval_every == 0 and batch_index < per_epoch:
+                        eval_loss = evaluate(epoch + 1)
+                    rolled = batch_index == per_epoch
+                    if rolled:
+                        epoch, batch_index = epoch + 1, 0
+                        eval_loss = evaluate(epoch) if eval_columns is not None else eval_loss
+                        log(f"epoch {epoch}/{epochs}  step {step}  loss {loss:.4f}"
+                            + (f"  eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
+                    if interrupt.requested:
+                        interrupted = True
+                        break
+                    if stop_after is not None and step >= stop_after:
+                        stopped = True
+                        break
+                    if every and step % every == 0 and step < total:
+                        save(epoch, batch_index)
+                    if rolled:
+                        break  # the next epoch draws its own order
+        save(epoch, batch_index)
+    finally:
+        bar.close()
+        metrics_file.close()
+
+    records = read_metrics(metrics_path)
+    train = [(r["step"], r["loss"]) for r in records if r["event"] == "train"]
+    evals = [(r["step"], r["eval_loss"]) for r in records if r["event"] == "eval"]
+    curves = {"train": tuple(zip(*train))} if train else {}
+    if evals:
+        curves["eval"] = tuple(zip(*evals))
+    if curves:
+        plot_loss_curve(plot_path, curves, title=f"jaxort train: {art.name}")
+    if interrupted:
+        log(f"interrupted at step {step}; saved checkpoint to {out} (continue with --resume {out})")
+    elif stopped:
+        log(f"stopped after step {step}; saved checkpoint to {out} (continue with --resume {out})")
+    else:
+        log(f"done: {step} steps, loss {loss if loss is not None else math.nan:.4f}; saved checkpoint to {out}")
+    log(f"metrics in {metrics_path}" + (f", loss curve in {plot_path}" if curves else ""))
+    params = {name: np.asarray(v) for name, v in {**state.params, **state.frozen}.items()}
+    return {"steps": step, "loss": loss, "eval_loss": eval_loss, "checkpoint": out, "metrics": metrics_path,
+            "plot": plot_path if curves else None, "interrupted": interrupted, "stopped": stopped,
+            "params": params}
