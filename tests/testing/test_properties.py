@@ -1,0 +1,181 @@
+"""Property tests of jaxort through its public harness: random graphs against
+ONNX's reference evaluator, random differentiable graphs against finite
+differences, random checkpoints through bytes and files, and a planted bug
+caught and shrunk to a small saved model.
+
+Profile ``jaxort-ci`` (derandomized, bounded); under ``make fuzz``
+(``FUZZ_MINUTES`` set) the graph properties run on fresh examples for that long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+
+import numpy as np
+import pytest
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+import jaxort.graph._registry as registry
+from jaxort.testing import (
+    DIFFERENTIABLE_OPS,
+    OP_FAMILIES,
+    Coverage,
+    assert_checkpoint_roundtrip,
+    assert_matches_reference,
+    assert_trains_like,
+    check_gradients,
+    checkpoint_states,
+    load_failure,
+    model_inputs,
+    onnx_models,
+    record_trajectory,
+    training_artifacts,
+)
+from jaxort.testing.profiles import CI, FUZZ, fuzz_seconds
+
+FUZZ_SECONDS = fuzz_seconds()
+
+
+def _run(test, examples: int, share: float = 1.0) -> None:
+    """Runs a property on ``examples`` CI examples, or on fresh ones for its share of FUZZ_MINUTES."""
+    if not FUZZ_SECONDS:
+        settings(CI, max_examples=examples)(test)()
+        return
+    end = time.monotonic() + FUZZ_SECONDS * share
+    while time.monotonic() < end:
+        settings(FUZZ, max_examples=examples)(test)()
+
+
+@pytest.fixture(autouse=True)
+def _failures_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXORT_FAILURE_DIR", str(tmp_path / "failures"))
+
+
+# One round per family (so every family gets its examples), then all mixed.
+ROUNDS = [(family, 35) for family in OP_FAMILIES] + [(None, 60)]
+
+
+def test_random_graphs_match_the_reference_evaluator():
+    cov = Coverage()
+
+    def property_of(ops):
+        @given(st.data())
+        def check(data):
+            model = data.draw(onnx_models(ops=ops, max_nodes=4))
+            cov.add(model)
+            assert_matches_reference(model, data.draw(model_inputs(model)))
+        return check
+
+    for ops, examples in ROUNDS:
+        _run(property_of(ops), examples, share=0.6 / len(ROUNDS))
+    assert cov.models >= 300
+    assert len(cov.ops) >= 30, cov.report()
+    assert len(cov.opsets) >= 3 and len(cov.dtypes) >= 4, cov.report()
+
+
+def test_random_differentiable_graphs_pass_the_gradient_check():
+    @given(st.data())
+    def check(data):
+        model = data.draw(onnx_models(ops=DIFFERENTIABLE_OPS, max_nodes=3, dtypes=[np.float64]))
+        check_gradients(model, data.draw(model_inputs(model, seeded=True)))
+
+    _run(check, 40, share=0.3)
+
+
+def test_random_checkpoint_states_round_trip():
+    @given(checkpoint_states())
+    def check(state):
+        assert_checkpoint_roundtrip(state)
+
+    _run(check, 100, share=0.1)
+
+
+def test_model_inputs_respect_the_domains_of_their_ops():
+    @settings(CI, max_examples=30)
+    @given(st.data())
+    def check(data):
+        model = data.draw(onnx_models(ops=["Log", "Sqrt", "Div", "Reciprocal"], max_nodes=3))
+        inputs = data.draw(model_inputs(model))
+        feeds = dict(zip([i.name for i in model.graph.input], inputs))
+        for node in model.graph.node:
+            x = feeds.get(node.input[-1 if node.op_type == "Div" else 0])
+            if x is None:
+                continue
+            x = np.asarray(x, np.float64)
+            if node.op_type in ("Log", "Sqrt"):
+                assert np.all(x > 0)
+            else:
+                assert np.all(np.abs(x) >= 0.2)
+
+    check()
+
+
+def test_training_steps_follow_a_recorded_trajectory_and_a_drift_is_reported(tmp_path):
+    case = find(training_artifacts(), lambda c: True, settings=settings(CI, max_examples=1))
+    recorded = record_trajectory(case, steps=2)
+    assert recorded["losses"].shape == (2,) and np.all(np.isfinite(recorded["losses"]))
+    path = tmp_path / "trajectory.npz"
+    np.savez(path, losses=recorded["losses"],
+             **{f"param:{k}": v for k, v in recorded["parameters"].items()})
+    assert_trains_like(case, path, steps=2)
+    drifted = {"losses": recorded["losses"] * 1.01, "parameters": recorded["parameters"]}
+    with pytest.raises(AssertionError, match=r"(?s)training comparison failed.*losses.*model saved to"):
+        assert_trains_like(case, drifted, steps=2)
+
+
+def test_training_steps_match_onnxruntime_training():
+    pytest.importorskip("onnxruntime.training.api")
+
+    @settings(CI, max_examples=5)
+    @given(training_artifacts())
+    def check(case):
+        assert_trains_like(case, "onnxruntime")
+
+    check()
+
+
+# --------------------------------------------------------------------------- a planted bug
+
+
+def _plant_leaky_relu_bug(monkeypatch):
+    """LeakyRelu's handler, copied with its alpha default flipped from 0.01 to 0.1."""
+    real_lookup = registry.lookup
+
+    def lookup(domain, op_type, opset):
+        handler = real_lookup(domain, op_type, opset)
+        if op_type != "LeakyRelu" or handler is None:
+            return handler
+        original = handler.fn
+
+        def leaky_relu(x, *, alpha):
+            return original(x, alpha=0.1 if np.isclose(alpha, 0.01) else alpha)
+
+        return dataclasses.replace(handler, fn=leaky_relu)
+
+    monkeypatch.setattr(registry, "lookup", lookup)
+
+
+def test_a_planted_bug_is_caught_shrunk_and_saved(monkeypatch):
+    _plant_leaky_relu_bug(monkeypatch)
+
+    @settings(CI, max_examples=200)
+    @given(st.data())
+    def check(data):
+        model = data.draw(onnx_models(ops=["activation", "Add", "Mul"], max_nodes=6))
+        assert_matches_reference(model, data.draw(model_inputs(model)))
+
+    with pytest.raises(AssertionError) as caught:
+        check()
+    path = re.search(r"model saved to (\S+\.onnx)", str(caught.value)).group(1)
+    model, inputs = load_failure(path)
+    ops = [n.op_type for n in model.graph.node]
+    assert "LeakyRelu" in ops and len(ops) <= 3, ops
+    assert not any(a.name == "alpha" for n in model.graph.node for a in n.attribute
+                   if n.op_type == "LeakyRelu")
+    with pytest.raises(AssertionError):  # the saved file reproduces the failure
+        assert_matches_reference(model, inputs)
+    monkeypatch.undo()
+    assert_matches_reference(model, inputs)  # and passes with the real handler
