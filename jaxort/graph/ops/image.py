@@ -1,14 +1,19 @@
-"""Image resampling ops: Resize and the deprecated Upsample.
+"""Image ops: Resize and the deprecated Upsample; ImageDecoder.
 
 Resize is separable: for each resized axis the source taps (indices) and their
 weights are computed with numpy at trace time from the static sizes/scales,
 following ONNX's reference implementation, and applied with a gather and a
 weighted sum along that axis (differentiable in the data). Nearest modes
 reduce to a pure gather, so integer data and non-finite values stay exact.
+
+ImageDecoder decodes with Pillow (the optional extra ``jaxort[image]``),
+imported on first use, on an encoded stream known at trace time: the decoded
+shape depends on the bytes.
 """
 
 from __future__ import annotations
 
+import io
 import math
 
 import jax
@@ -295,3 +300,30 @@ def upsample_7(X, *, mode, scales):
 def upsample(X, scales, *, mode):
     """Upsample-9+ (scales input; asymmetric coordinates)."""
     return _legacy(X, _opt(scales, "input 'scales'"), mode)
+
+
+_PIXEL_FORMATS = ("RGB", "BGR", "Grayscale")
+
+
+@register("ImageDecoder", since=20)
+def image_decoder(encoded_stream, *, pixel_format):
+    """ImageDecoder-20 (Pillow decodes; static input only: the output shape depends on it)."""
+    data = static(encoded_stream, "input 'encoded_stream' (the decoded image's shape depends on "
+                  "its bytes)")
+    if pixel_format not in _PIXEL_FORMATS:
+        raise OpError(f"pixel_format must be one of {list(_PIXEL_FORMATS)}, got {pixel_format!r}")
+    try:
+        import PIL.Image
+    except ImportError:
+        raise OpError("ImageDecoder decodes with Pillow, which is not installed; install it with "
+                      "pip install 'jaxort[image]'") from None
+    try:
+        with PIL.Image.open(io.BytesIO(np.asarray(data, np.uint8).tobytes())) as img:
+            # RGB output is three channels whatever the file holds (gray, palette, alpha).
+            img = img.convert("L" if pixel_format == "Grayscale" else "RGB")
+            pixels = np.asarray(img, np.uint8)
+    except (OSError, ValueError, SyntaxError) as e:  # Pillow's errors for unreadable data
+        raise OpError(f"cannot decode input 'encoded_stream': {e}") from None
+    if pixel_format == "Grayscale":
+        return pixels[:, :, None]
+    return np.ascontiguousarray(pixels[:, :, ::-1]) if pixel_format == "BGR" else pixels

@@ -1,7 +1,11 @@
-"""Resize and Upsample (ops/image.py) against ONNX's reference evaluator.
+"""Resize, Upsample and ImageDecoder (ops/image.py) against ONNX's reference evaluator;
+ImageDecoder also against the pixels encoded losslessly.
 """
 
 from __future__ import annotations
+
+import io
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -9,14 +13,17 @@ import onnx
 import pytest
 from hypothesis import strategies as st
 
+from jaxort.errors import OpError, StaticValueError
+from jaxort.testing import NodeCase
+
 from ._harness import (
-    OLD_REFERENCE, OpCase, check, node, run_jax, table_tests, tensor_grad_inputs,
+    OLD_REFERENCE, OpCase, check, node, require_opset, run_jax, table_tests, tensor_grad_inputs,
     tensor_gradient_test
 )
 from ._strategies import i64, values
 
 COVERED_OPS = {
-    "Resize", "Upsample",
+    "ImageDecoder", "Resize", "Upsample",
 }
 
 
@@ -83,7 +90,34 @@ def s_upsample(draw):
     return node("Upsample", [("x", x, False), ("s", sc, True)], {"mode": "nearest"}, opset=9)
 
 
+def _pil():
+    """Pillow's Image module; the ImageDecoder tests skip without it (jaxort[image])."""
+    return pytest.importorskip("PIL.Image", reason="ImageDecoder decodes with Pillow "
+                               "(pip install 'jaxort[image]')")
+
+
+# Formats Pillow writes; JPEG and lossy WebP decode to other pixels than were encoded.
+_FORMATS = {"PNG": {}, "BMP": {}, "TIFF": {}, "PPM": {}, "JPEG": {"quality": 90},
+            "WEBP": {"quality": 80}}
+
+
+def _encode(pixels: np.ndarray, fmt: str) -> np.ndarray:
+    buf = io.BytesIO()
+    _pil().fromarray(pixels).save(buf, format=fmt, **_FORMATS[fmt])
+    return np.frombuffer(buf.getvalue(), np.uint8).copy()
+
+
+@st.composite
+def s_image_decoder(draw):
+    h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    pixels = values(draw, (h, w, 3), np.uint8, 0, 255)
+    fmt = draw(st.sampled_from(sorted(_FORMATS)))
+    attrs = {"pixel_format": draw(st.sampled_from(["RGB", "BGR", "Grayscale"]))}
+    return node("ImageDecoder", [("encoded", _encode(pixels, fmt), True)], attrs, opset=20)
+
+
 CASES = [
+    OpCase("ImageDecoder", s_image_decoder(), scale=0, min_opset=20, max_examples=12),
     OpCase("Resize", s_resize(), scale=10, max_examples=8),
     OpCase("Upsample", s_upsample(), max_examples=8),
 ]
@@ -179,3 +213,53 @@ def test_resize_integer_and_bfloat16_linear_saturate():
                                    ("s", np.array([1, 1, 2, 2], np.float32), True)],
                         {"mode": "linear"}, opset=19))
     assert y.dtype == jnp.bfloat16 and y.shape == (1, 1, 4, 4)
+
+
+# --------------------------------------------------------------------------- ImageDecoder
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "BMP", "TIFF", "PPM"])
+def test_image_decoder_lossless_formats_give_back_the_pixels(fmt):
+    require_opset("ImageDecoder", 20)
+    pixels = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    encoded = _encode(pixels, fmt)
+    for pixel_format, expected in (("RGB", pixels), ("BGR", pixels[:, :, ::-1])):
+        (got,) = run_jax(NodeCase("ImageDecoder", (encoded,), {"pixel_format": pixel_format},
+                                  20, initializers=(0,)))
+        assert got.dtype == np.uint8
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_image_decoder_gives_three_channels_for_a_gray_image():
+    # The spec's RGB output is [H, W, 3] whatever the file holds (the reference passes a
+    # gray image through as [H, W]).
+    require_opset("ImageDecoder", 20)
+    gray = np.arange(12, dtype=np.uint8).reshape(3, 4) * 20
+    buf = io.BytesIO()
+    _pil().fromarray(gray, mode="L").save(buf, format="PNG")
+    encoded = np.frombuffer(buf.getvalue(), np.uint8).copy()
+    (rgb,) = run_jax(NodeCase("ImageDecoder", (encoded,), {"pixel_format": "RGB"}, 20,
+                              initializers=(0,)))
+    np.testing.assert_array_equal(rgb, np.repeat(gray[:, :, None], 3, axis=2))
+    (g,) = run_jax(NodeCase("ImageDecoder", (encoded,), {"pixel_format": "Grayscale"}, 20,
+                            initializers=(0,)))
+    np.testing.assert_array_equal(g, gray[:, :, None])
+
+
+def test_image_decoder_errors():
+    require_opset("ImageDecoder", 20)
+    encoded = _encode(np.zeros((2, 2, 3), np.uint8), "PNG")
+    with pytest.raises(StaticValueError, match=r"ImageDecoder.*'encoded_stream'.*shape depends"):
+        run_jax(NodeCase("ImageDecoder", (encoded,), {"pixel_format": "RGB"}, 20))
+    with pytest.raises(OpError, match=r"ImageDecoder.*cannot decode"):
+        run_jax(NodeCase("ImageDecoder", (encoded[:8],), {"pixel_format": "RGB"}, 20,
+                         initializers=(0,)))
+
+
+def test_image_decoder_without_pillow_names_the_extra(monkeypatch):
+    require_opset("ImageDecoder", 20)
+    encoded = _encode(np.zeros((2, 2, 3), np.uint8), "PNG")
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)  # import PIL.Image now fails
+    with pytest.raises(OpError, match=r"Pillow.*pip install 'jaxort\[image\]'"):
+        run_jax(NodeCase("ImageDecoder", (encoded,), {"pixel_format": "RGB"}, 20,
+                         initializers=(0,)))
