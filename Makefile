@@ -38,9 +38,15 @@ conformance:
 # same tests on a bounded number of examples).
 FUZZ_MINUTES ?= 10
 FUZZ_EXAMPLES ?= 2000
+# Then jaxort.testing's long profile for FUZZ_MINUTES (random graphs against
+# ONNX's reference, gradients, checkpoint states) and a coverage run as long;
+# failures are shrunk and saved as minimal models in FUZZ_FAILURES.
+FUZZ_FAILURES ?= build/fuzz-failures
 fuzz:
 	FUZZ_MINUTES=$(FUZZ_MINUTES) $(PYTEST) tests/checkpoint/test_fuzz.py -k hypothesis -p no:cacheprovider
 	JAXORT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTEST) tests/graph/test_model_fuzz.py -p no:cacheprovider
+	FUZZ_MINUTES=$(FUZZ_MINUTES) JAXORT_FAILURE_DIR=$(FUZZ_FAILURES) $(PYTEST) tests/testing/test_properties.py -k random -p no:cacheprovider
+	JAXORT_FAILURE_DIR=$(FUZZ_FAILURES) $(PY) -m jaxort.testing.coverage --check --minutes $(FUZZ_MINUTES)
 
 bench:
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

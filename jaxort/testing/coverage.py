@@ -138,8 +138,10 @@ def _run(cov: Coverage, examples: int, check: bool, max_nodes: int, derandomize:
     try:
         run()
         ok = True
-    except AssertionError as err:
-        cov.failures.append(str(err).splitlines()[0] + " | " + str(err).splitlines()[-1])
+    except Exception as err:  # any failure: a mismatch or an error, shrunk by hypothesis
+        lines = str(err).splitlines() or [type(err).__name__]
+        saved = next((ln for ln in lines if "model saved to" in ln), "")
+        cov.failures.append(f"{type(err).__name__}: {lines[0][:200]} {saved}")
         ok = False
     # shrinking replays examples; count each distinct model once
     distinct = {m.SerializeToString(): m for m in seen}

@@ -593,8 +593,10 @@ def _if(b: _Builder):
         return helper.make_graph([helper.make_node(op, [v.name], [out])], f"{tag}_branch", [],
                                  [helper.make_tensor_value_info(out, elem, list(v.shape))])
 
-    return b.node("If", [cond.name], v.shape, then_branch=branch("then"),
-                  else_branch=branch("else"))
+    out = b.node("If", [cond.name], v.shape, then_branch=branch("then"),
+                 else_branch=branch("else"))
+    b.read.add(v.name)  # the branches read it from the outer scope
+    return out
 
 
 def _loop(b: _Builder):

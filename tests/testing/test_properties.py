@@ -10,6 +10,7 @@ Profile ``jaxort-ci`` (derandomized, bounded); under ``make fuzz``
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 
@@ -45,13 +46,15 @@ def _run(test, examples: int, share: float = 1.0) -> None:
         settings(CI, max_examples=examples)(test)()
         return
     end = time.monotonic() + FUZZ_SECONDS * share
+    test = settings(FUZZ, max_examples=examples)(test)
     while time.monotonic() < end:
-        settings(FUZZ, max_examples=examples)(test)()
+        test()
 
 
 @pytest.fixture(autouse=True)
 def _failures_in_tmp(tmp_path, monkeypatch):
-    monkeypatch.setenv("JAXORT_FAILURE_DIR", str(tmp_path / "failures"))
+    if not (FUZZ_SECONDS and os.environ.get("JAXORT_FAILURE_DIR")):  # make fuzz keeps its own
+        monkeypatch.setenv("JAXORT_FAILURE_DIR", str(tmp_path / "failures"))
 
 
 # One round per family (so every family gets its examples), then all mixed.
