@@ -8,6 +8,8 @@ import numpy as np
 
 from jaxort.graph import register
 
+from ._common import is_floating
+
 
 def _coerce_2d(fn, x, axis):
     axis = axis + x.ndim if axis < 0 else axis
@@ -16,7 +18,25 @@ def _coerce_2d(fn, x, axis):
 
 
 def _softmax(x, axis):
-    return jax.nn.softmax(x, axis=axis)
+    dtype = np.dtype(x.dtype)
+    if not is_floating(dtype) or dtype.itemsize >= 4:
+        return jax.nn.softmax(x, axis=axis)
+    # float16 and bfloat16 follow the steps of the schema's function body (Sub, Exp,
+    # ReduceSum, Div), each result rounded to the input type once; the sum accumulates
+    # in float32. Every step runs in float32 and is then rounded: jax.nn.softmax's float16
+    # division on XLA's CPU backend is 1-2 ulps off the correctly rounded quotient.
+    # The roundings are reduce_precision ops: XLA may drop a float32 -> bfloat16 -> float32
+    # convert pair (excess precision), never a reduce_precision.
+    info = jnp.finfo(dtype)
+
+    def round_to_t(v):
+        return jax.lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+    x = jnp.asarray(x).astype(np.float32)
+    shifted = round_to_t(x - jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True)))
+    e = round_to_t(jnp.exp(shifted))
+    total = round_to_t(jnp.sum(e, axis=axis, keepdims=True))
+    return (e / total).astype(dtype)
 
 
 def _log_softmax(x, axis):

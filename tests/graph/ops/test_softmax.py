@@ -72,3 +72,32 @@ GRAD_CASES = [
 ]
 
 test_gradient_matches_finite_differences = nn_gradient_test(GRAD_CASES)
+
+
+def test_softmax_half_precision_rounds_each_step_of_the_function_body():
+    # float16/bfloat16: Sub, Exp, ReduceSum (accumulated in float32) and Div as the schema's
+    # function body writes them, each result correctly rounded to the input type: equal bit
+    # for bit to numpy's float16 arithmetic (ONNX's reference). XLA's own float16 division
+    # on CPU is 1-2 ulps off. The op handler runs where fusion is off (jaxort.backend); the
+    # fused softmax computes in float32 and rounds once.
+    import jax
+    import ml_dtypes
+
+    from jaxort.graph import JaxGraph, x64_enabled_scope
+    from jaxort.testing import NodeCase
+
+    # Values in [-2, 2]: no probability is subnormal (XLA on CPU flushes those to zero).
+    x32 = np.random.default_rng(3).uniform(-2, 2, (4, 6, 33)).astype(np.float32)
+    for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+        x = x32.astype(dtype)
+        e = np.exp((x - x.max(-1, keepdims=True)).astype(np.float32)).astype(dtype)
+        total = e.astype(np.float32).sum(-1, keepdims=True).astype(dtype)
+        expected = (e.astype(np.float64) / total.astype(np.float64)).astype(dtype)
+        graph = JaxGraph(NodeCase("Softmax", (x,), {"axis": -1}, 13).model(), check=False,
+                         params=[], fuse=False)
+        with x64_enabled_scope():
+            for fn in (graph.apply, jax.jit(graph.apply)):
+                (got,) = fn(graph.params, x)
+                assert got.dtype == dtype
+                np.testing.assert_array_equal(np.asarray(got).astype(np.float64),
+                                              expected.astype(np.float64))
