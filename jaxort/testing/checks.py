@@ -7,7 +7,7 @@
   differences, in float64.
 - :func:`assert_checkpoint_roundtrip`: a :class:`jaxort.checkpoint.Checkpoint`
   through bytes and a file and back.
-- :func:`assert_trains_like`: a few train steps of :mod:`jaxort.api` against
+- :func:`assert_trains_like`: a few train steps of jaxort (its functional core, under jaxort.api) against
   onnxruntime-training or a recorded trajectory.
 
 A failing check saves the model (and its inputs) so it can be opened in
@@ -438,13 +438,34 @@ def _train(api, case, directory: pathlib.Path, steps: int) -> dict:
     return {"losses": np.asarray(losses), "parameters": params}
 
 
+def _train_jaxort(case, directory: pathlib.Path, steps: int) -> dict:
+    """The same calls through jaxort's functional core (what jaxort.api delegates to).
+
+    ``train_and_update`` is ``train_step``, ``optimizer_step`` and
+    ``lazy_reset_grad`` in one compiled call.
+    """
+    from jaxort import checkpoint as ckpt
+    from jaxort.training import TrainProgram, set_learning_rate
+
+    start = ckpt.load(str(directory / "checkpoint"))
+    program = TrainProgram.from_artifacts(directory / "training_model.onnx", directory / "eval_model.onnx",
+                                          directory / "optimizer_model.onnx", checkpoint=start)
+    state = set_learning_rate(program.init_state(start), case.learning_rate)
+    losses = []
+    for inputs, labels in case.batches[:steps]:
+        state, outputs = program.train_and_update(state, *inputs, *labels)
+        losses.append(float(np.asarray(outputs[0])))
+    params = {name: np.asarray(value) for name, value in sorted(state.parameters.items())}
+    return {"losses": np.asarray(losses), "parameters": params}
+
+
 def record_trajectory(case, steps: int = 3, *, runtime: str = "jaxort") -> dict:
     """Trains a :func:`training_artifacts` case for ``steps`` steps; returns losses and parameters.
 
     Args:
       case: a :class:`TrainingCase`.
       steps: train steps (each followed by an optimizer step and a reset).
-      runtime: ``"jaxort"`` (:mod:`jaxort.api`) or ``"onnxruntime"``
+      runtime: ``"jaxort"`` (its functional core) or ``"onnxruntime"``
         (``onnxruntime.training.api``).
 
     Returns:
@@ -456,8 +477,8 @@ def record_trajectory(case, steps: int = 3, *, runtime: str = "jaxort") -> dict:
         directory = pathlib.Path(tmp)
         case.generate(directory)
         if runtime == "jaxort":
-            import jaxort.api as api
-        elif runtime == "onnxruntime":
+            return _train_jaxort(case, directory, steps)
+        if runtime == "onnxruntime":
             import onnxruntime.training.api as api
         else:
             raise ValueError(f"runtime must be 'jaxort' or 'onnxruntime', not {runtime!r}")
@@ -469,7 +490,7 @@ def assert_trains_like(case, reference: Union[str, Mapping, None] = None, *, ste
     """Asserts jaxort's train steps follow a reference runtime's.
 
     Generates the case's artifacts, trains ``steps`` steps with
-    :mod:`jaxort.api` and compares the losses and final parameters with
+    jaxort's functional core (what :mod:`jaxort.api` runs) and compares the losses and final parameters with
     onnxruntime-training's on the same files, or with a recorded trajectory.
 
     Args:

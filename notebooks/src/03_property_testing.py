@@ -116,4 +116,6 @@ def test_random_neighbours(data):
 
 test_random_neighbours()
 print(coverage.report())
+assert coverage.models >= 30
 assert {"Gemm", "MatMul", "LayerNormalization"} <= set(coverage.ops)
+assert all(count > 0 for count in coverage.ops.values())
