@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+import itertools
+import secrets
 from typing import Any, Sequence
 
 import jax
@@ -45,6 +47,32 @@ _JIT = "jit"  # every input traced: one compilation per input shapes and dtypes
 _BAKED = "baked"  # integer and bool inputs baked in: one compilation per their values
 _EAGER = "eager"  # evaluated at trace time, without a compiled form
 
+# Ops that draw random numbers. A model with one that has no ``seed`` attribute
+# (Dropout ignores its seed) gets a fresh PRNG key on every run.
+_RANDOM_OPS = frozenset({"Bernoulli", "Dropout", "Multinomial", "RandomNormal",
+                         "RandomNormalLike", "RandomUniform", "RandomUniformLike"})
+
+
+def _draws_unseeded(model: onnx.ModelProto) -> bool:
+    """True when a node of ``model`` (subgraphs and local functions included)
+    draws random numbers without a fixed seed."""
+    def graphs():
+        stack = [model.graph]
+        while stack:
+            g = stack.pop()
+            yield g.node
+            stack.extend(a.g for n in g.node for a in n.attribute if a.HasField("g"))
+            stack.extend(sg for n in g.node for a in n.attribute for sg in a.graphs)
+        for f in model.functions:
+            yield f.node
+
+    for nodes in graphs():
+        for n in nodes:
+            if n.domain in ("", "ai.onnx") and n.op_type in _RANDOM_OPS and (
+                    n.op_type == "Dropout" or not any(a.name == "seed" for a in n.attribute)):
+                return True
+    return False
+
 
 class JaxBackendRep(BackendRep):
     """A model prepared for repeated runs; compiled once per input signature.
@@ -62,17 +90,26 @@ class JaxBackendRep(BackendRep):
         self.mode = None
         self._jitted = jax.jit(graph.apply)
         self._baked = {}
+        self._random = _draws_unseeded(graph.model)
+        self._seed = secrets.randbits(31)
+        self._runs = itertools.count()
 
-    def run(self, inputs: Any, **kwargs: Any) -> tuple:
+    def run(self, inputs: Any, rng=None, **kwargs: Any) -> tuple:
         """Runs the model.
 
         Args:
           inputs: a list of arrays in graph input order, a dict name -> array,
             or a single array for a one-input model.
+          rng: a PRNG key for the random nodes (Dropout with training_mode
+            true, Bernoulli, RandomUniform, ...). By default a model whose
+            random nodes lack a ``seed`` attribute draws anew on every run, as
+            ONNX Runtime does; seeded nodes repeat their numbers.
 
         Returns:
           A tuple of numpy arrays, one per graph output.
         """
+        if rng is None and self._random:
+            rng = jax.random.fold_in(jax.random.key(self._seed), next(self._runs))
         names = self.graph.input_names
         if isinstance(inputs, dict):
             missing = [n for n in names if n not in inputs]
@@ -88,15 +125,15 @@ class JaxBackendRep(BackendRep):
                    or (isinstance(x, np.ndarray) and x.dtype == object) for x in inputs):
                 # Strings and sequences cannot cross a jit boundary: evaluate at
                 # trace time, where such values stay numpy.
-                outs = self.graph.apply(self.graph.params, *inputs)
+                outs = self.graph.apply(self.graph.params, *inputs, rng=rng)
             else:
                 with jax.default_device(self.device):
                     if self.mode is None:
-                        self.mode = self._choose_mode(inputs)
-                    outs = self._run_tensors(inputs)
+                        self.mode = self._choose_mode(inputs, rng)
+                    outs = self._run_tensors(inputs, rng)
             return tuple(_to_numpy(o) for o in outs)
 
-    def _choose_mode(self, inputs: list) -> str:
+    def _choose_mode(self, inputs: list, rng) -> str:
         """Picks the cheapest mode that can compile this graph.
 
         Some graphs need a graph input at trace time: ONNX's node cases feed a
@@ -107,20 +144,20 @@ class JaxBackendRep(BackendRep):
         traces it abstractly (``jit(...).trace``, whose trace the compiled call
         then reuses) in each mode in turn and keeps the first that traces.
         """
-        if _traces(self._jitted, self.graph.params, *inputs):
+        if _traces(self._jitted, self.graph.params, *inputs, rng=rng):
             return _JIT
         fn, dynamic = self._baked_fn(inputs)
-        if _traces(fn, self.graph.params, *dynamic):
+        if _traces(fn, self.graph.params, *dynamic, rng=rng):
             return _BAKED
         return _EAGER
 
-    def _run_tensors(self, inputs: list) -> tuple:
+    def _run_tensors(self, inputs: list, rng) -> tuple:
         if self.mode == _JIT:
-            return self._jitted(self.graph.params, *inputs)
+            return self._jitted(self.graph.params, *inputs, rng=rng)
         if self.mode == _BAKED:
             fn, dynamic = self._baked_fn(inputs)
-            return fn(self.graph.params, *dynamic)
-        return self.graph.apply(self.graph.params, *inputs)
+            return fn(self.graph.params, *dynamic, rng=rng)
+        return self.graph.apply(self.graph.params, *inputs, rng=rng)
 
     def _baked_fn(self, inputs: list):
         """Returns a jitted function with the integer and bool inputs baked in, and
@@ -134,23 +171,23 @@ class JaxBackendRep(BackendRep):
             apply = self.graph.apply
             count = len(inputs)
 
-            def fn(params, *dynamic):
+            def fn(params, *dynamic, rng=None):
                 it = iter(dynamic)
                 args = [baked[i] if i in baked else next(it) for i in range(count)]
-                return apply(params, *args)
+                return apply(params, *args, rng=rng)
 
             fn = self._baked[key] = jax.jit(fn)
         return fn, [x for i, x in enumerate(inputs) if i not in static_pos]
 
 
-def _traces(jitted, *args) -> bool:
+def _traces(jitted, *args, **kwargs) -> bool:
     """True when ``jitted`` traces on ``args`` with every argument abstract.
 
     A StaticValueError is the tracer's answer "this value must be a constant";
     any other error is a real one and propagates.
     """
     try:
-        jitted.trace(*args)
+        jitted.trace(*args, **kwargs)
     except StaticValueError:
         return False
     return True

@@ -75,3 +75,45 @@ def test_supports_device():
                    [_info("b", TensorProto.FLOAT, [1])])
     with pytest.raises(errors.InputError, match="unknown device 'npu'"):
         backend.prepare(model, "npu")
+
+
+def _dropout_model(ratio):
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Dropout", ["x", "ratio", "training_mode"], ["y", "mask"])
+    graph = helper.make_graph(
+        [node], "dropout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [400])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [400]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, [400])],
+        initializer=[helper.make_tensor("ratio", TensorProto.FLOAT, [], [ratio]),
+                     helper.make_tensor("training_mode", TensorProto.BOOL, [], [True])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_backend_dropout_in_training_mode_draws_anew_on_every_run_like_onnxruntime():
+    import jax
+
+    rep = backend.prepare(_dropout_model(0.25))
+    x = np.arange(1, 401, dtype=np.float32)
+    (y1, m1), (y2, m2) = rep.run([x]), rep.run([x])
+    for y, m in ((y1, m1), (y2, m2)):
+        np.testing.assert_allclose(y, np.where(m, x / 0.75, 0), rtol=1e-6)
+        assert 0.6 < m.mean() < 0.9  # 0.75 kept, six standard deviations ~0.13
+    assert (m1 != m2).any()
+    ya, _ = rep.run([x], rng=jax.random.key(3))
+    yb, _ = rep.run([x], rng=jax.random.key(3))
+    np.testing.assert_array_equal(ya, yb)
+
+
+def test_backend_seeded_bernoulli_repeats_its_draw():
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Bernoulli", ["p"], ["y"], seed=5.0)
+    graph = helper.make_graph([node], "b", [helper.make_tensor_value_info("p", TensorProto.FLOAT, [300])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [300])])
+    rep = backend.prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]))
+    p = np.full(300, 0.5, np.float32)
+    (a,), (b,) = rep.run([p]), rep.run([p])
+    np.testing.assert_array_equal(a, b)
+    assert set(np.unique(a)) <= {0.0, 1.0} and 100 < a.sum() < 200

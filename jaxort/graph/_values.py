@@ -80,6 +80,11 @@ class OpContext:
     _key: Any = None
     _updates: dict | None = None
 
+    @property
+    def has_rng(self) -> bool:
+        """True when the caller gave a PRNG key (``apply(..., rng=key)``)."""
+        return self._key is not None
+
     def rng(self) -> jax.Array:
         """Returns a PRNG key for this node.
 

@@ -8,22 +8,17 @@ process under a time limit.
 
 import collections
 
+import numpy as np
+
 import onnx
 import pytest
 
 from jaxort.testing import conformance
 
 # Cases of core ops that cannot pass, with the reason. Keep this empty unless the
-# reason is outside jaxort's reach.
-_NUMPY_RNG = (
-    "the expected output comes from numpy's RandomState(0) dropout mask; JAX's PRNG "
-    "draws a different, equally valid mask (the ops' own tests check the statistics)")
-EXPECTED_FAILURES: dict[str, str] = {
-    "test_training_dropout": _NUMPY_RNG,
-    "test_training_dropout_default": _NUMPY_RNG,
-    "test_training_dropout_default_mask": _NUMPY_RNG,
-    "test_training_dropout_mask": _NUMPY_RNG,
-}
+# reason is outside jaxort's reach. (Dropout's training cases, whose files hold
+# numpy's draw, pass by their properties: see conformance.check_random_outputs.)
+EXPECTED_FAILURES: dict[str, str] = {}
 
 # onnx < 1.17 ships cases whose expected data later onnx releases corrected.
 if tuple(int(v) for v in onnx.__version__.split(".")[:2]) < (1, 17):
@@ -61,3 +56,63 @@ def test_all_cases_pass(cases_by_op, op_type):
     failed = {name: msg for name, (ok, msg) in results.items()
               if not ok and name not in EXPECTED_FAILURES}
     assert not failed, f"{len(failed)}/{len(cases)} {op_type} cases failed: {failed}"
+
+
+# The training-mode Dropout cases' files hold numpy's RandomState(0) mask.
+_NUMPY_DRAWS = {"test_training_dropout", "test_training_dropout_default",
+                "test_training_dropout_default_mask", "test_training_dropout_mask"}
+
+
+def test_random_cases_pass_by_property_only_where_the_file_holds_numpys_draw():
+    cases = conformance.collect_cases(["Bernoulli", "Dropout"])
+    results = conformance.run_in_process(cases)
+    assert all(ok for ok, _ in results.values()), {n: m for n, (ok, m) in results.items() if not ok}
+    by_property = {n for n, (_, msg) in results.items() if msg == conformance.BY_PROPERTY}
+    assert _NUMPY_DRAWS <= by_property
+    # Deterministic cases (inference mode, ratio 0) still pass by equality.
+    assert "test_dropout_default" in results and "test_dropout_default" not in by_property
+
+
+def _case(name):
+    (case,) = [c for c in conformance.collect_cases(["Dropout", "Bernoulli"]) if c.name == name]
+    inputs, expected = next(conformance._data_sets(case))
+    return case, inputs, expected
+
+
+def test_property_check_catches_a_dropout_without_its_scale():
+    case, inputs, expected = _case("test_training_dropout_mask")
+    x, ratio = np.asarray(inputs[0]), float(inputs[1])
+    rng = np.random.default_rng(0)
+    mask = rng.random(x.shape) >= ratio
+    right = [np.where(mask, x / (1 - ratio), 0).astype(x.dtype), mask]
+    conformance.check_random_outputs(case.model, inputs, expected, right, case.rtol, case.atol)
+    unscaled = [np.where(mask, x, 0).astype(x.dtype), mask]
+    with pytest.raises(AssertionError, match="x \\* mask / \\(1 - ratio\\)"):
+        conformance.check_random_outputs(case.model, inputs, expected, unscaled, case.rtol, case.atol)
+    nothing_dropped = [(x / (1 - ratio)).astype(x.dtype), np.ones(x.shape, bool)]
+    with pytest.raises(AssertionError, match="six standard deviations"):
+        conformance.check_random_outputs(
+            case.model, inputs, expected, nothing_dropped, case.rtol, case.atol)
+    wrong_dtype = [right[0].astype(np.float64), mask]
+    with pytest.raises(AssertionError, match="dtype"):
+        conformance.check_random_outputs(case.model, inputs, expected, wrong_dtype, case.rtol, case.atol)
+
+
+def test_property_check_catches_an_invalid_bernoulli_draw():
+    case, inputs, expected = _case("test_bernoulli")
+    p = np.asarray(inputs[0], np.float64)
+    dtype = np.asarray(expected[0]).dtype
+    draw = (np.random.default_rng(1).random(p.shape) < p).astype(dtype)
+    conformance.check_random_outputs(case.model, inputs, expected, [draw], case.rtol, case.atol)
+    with pytest.raises(AssertionError, match="other than 0 and 1"):
+        conformance.check_random_outputs(
+            case.model, inputs, expected, [(draw * 2).astype(dtype)], case.rtol, case.atol)
+    halves = [np.full(400, 0.5, p.dtype)]
+    with pytest.raises(AssertionError, match="six standard deviations"):
+        conformance.check_random_outputs(
+            case.model, halves, [np.zeros(400, dtype)], [np.ones(400, dtype)], 0, 0)
+    certain = [np.array([0.0, 1.0, 0.5], p.dtype)]
+    certain_expected = [np.zeros(3, dtype)]
+    with pytest.raises(AssertionError, match="probability is 1"):
+        conformance.check_random_outputs(
+            case.model, certain, certain_expected, [np.array([0, 0, 1], dtype)], 0, 0)

@@ -1,4 +1,11 @@
-"""Dropout: the identity in inference, a random mask drawn from the node's key in training."""
+"""Dropout: the identity in inference, a random mask drawn from the node's key in training.
+
+Dropout-12+ drops where its ``training_mode`` input is true inside a jaxort
+training step, or wherever the caller passes a PRNG key (``apply(..., rng=key)``;
+the ONNX backend passes a fresh one per run to a model with random nodes, as
+ONNX Runtime draws anew on every run). Without a key, outside a training step,
+it is the identity.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +34,8 @@ def dropout_10(data, *, ratio=None):
 
 @register("Dropout", since=12, foldable=False)
 def dropout(data, ratio=None, training_mode=None, *, seed=None, ctx):
-    """Dropout-12+ (random only in a jaxort training step with training_mode true; seed ignored)."""
-    if training_mode is None or not ctx.training:
+    """Dropout-12+ (random with training_mode true in a training step or given a key; seed ignored)."""
+    if training_mode is None or not (ctx.training or ctx.has_rng):
         return _identity_dropout(data)
     if ratio is not None and isinstance(ratio, (np.ndarray, np.generic, float)) and \
             float(np.asarray(ratio)) == 0.0:

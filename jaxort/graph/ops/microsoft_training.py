@@ -129,7 +129,7 @@ def pack_bitmask(mask):
 
 def _is_inference(ratio, training_mode, ctx) -> bool:
     """True when the dropout is the identity whatever the random stream (a static decision)."""
-    if training_mode is None or not ctx.training:
+    if training_mode is None or not (ctx.training or ctx.has_rng):
         return True
     static_false = isinstance(training_mode, (np.ndarray, np.generic, bool)) and \
         not bool(np.asarray(training_mode))

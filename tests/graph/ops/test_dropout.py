@@ -81,11 +81,25 @@ def test_dropout_training_drops_and_rescales():
 @pytest.mark.parametrize("ratio,training_mode,training", [
     (0.25, True, False), (0.25, False, True), (0.25, None, True), (0.0, True, True)])
 def test_dropout_is_identity_unless_training(ratio, training_mode, training):
+    # Outside a training step without a key (an eval step), training_mode true
+    # is the identity; with a key it draws (see the next test).
     g = _dropout_graph(ratio, training_mode)
     x = np.random.default_rng(0).uniform(1, 2, (64, 64)).astype(np.float32)
-    y, mask = g.apply(g.params, x, rng=jax.random.key(0), training=training)
+    y, mask = g.apply(g.params, x, rng=jax.random.key(0) if training else None, training=training)
     np.testing.assert_array_equal(np.asarray(y), x)
     assert np.asarray(mask).dtype == np.bool_ and np.asarray(mask).all()
+
+
+def test_dropout_with_a_key_outside_a_training_step_follows_training_mode():
+    g = _dropout_graph(0.25, True)
+    x = np.random.default_rng(0).uniform(1, 2, (64, 64)).astype(np.float32)
+    y, mask = (np.asarray(v) for v in g.apply(g.params, x, rng=jax.random.key(0)))
+    np.testing.assert_allclose(y, np.where(mask, x / 0.75, 0), rtol=1e-6)
+    assert abs(mask.mean() - 0.75) < 6 * np.sqrt(0.75 * 0.25 / mask.size)
+    off = _dropout_graph(0.25, False)
+    y_off, mask_off = off.apply(off.params, x, rng=jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(y_off), x)
+    assert np.asarray(mask_off).all()
 
 
 def test_dropout_is_never_folded():

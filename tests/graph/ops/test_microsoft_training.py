@@ -310,8 +310,11 @@ def _dropout_inputs(op, n=1000, ratio=0.3, training_mode=True):
 
 
 def _dropout_run(op, inputs, *, training, seed=0, constants=("ratio", "tm")):
+    # Outside a training step no key is given (as in an eval step): a key makes
+    # a dropout with training_mode true draw there too, as ORT's kernels do.
     g, args = _graph(op, inputs, ["y", "mask"], {"seed": 42}, constants=constants)
-    out = g.apply(g.params, *args, training=training, rng=jax.random.key(seed))
+    out = g.apply(g.params, *args, training=training,
+                  rng=jax.random.key(seed) if training else None)
     return [np.asarray(v) for v in out]
 
 
