@@ -26,17 +26,20 @@ def _softmax(x, axis):
     # in float32. Every step runs in float32 and is then rounded: jax.nn.softmax's float16
     # division on XLA's CPU backend is 1-2 ulps off the correctly rounded quotient.
     # The roundings are reduce_precision ops: XLA may drop a float32 -> bfloat16 -> float32
-    # convert pair (excess precision), never a reduce_precision.
+    # convert pair (excess precision), never a reduce_precision. The input and the output
+    # are rounded too: on CPU XLA computes bfloat16 ops in float32 and drops the convert
+    # pairs between fused ops, so this op would otherwise read its producer's unrounded
+    # float32 value, and its consumer this op's.
     info = jnp.finfo(dtype)
 
     def round_to_t(v):
         return jax.lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
-    x = jnp.asarray(x).astype(np.float32)
+    x = round_to_t(jnp.asarray(x).astype(np.float32))
     shifted = round_to_t(x - jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True)))
     e = round_to_t(jnp.exp(shifted))
     total = round_to_t(jnp.sum(e, axis=axis, keepdims=True))
-    return (e / total).astype(dtype)
+    return round_to_t(e / total).astype(dtype)
 
 
 def _log_softmax(x, axis):

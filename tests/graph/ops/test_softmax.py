@@ -101,3 +101,41 @@ def test_softmax_half_precision_rounds_each_step_of_the_function_body():
                 assert got.dtype == dtype
                 np.testing.assert_array_equal(np.asarray(got).astype(np.float64),
                                               expected.astype(np.float64))
+
+
+def test_bfloat16_softmax_between_fused_ops_reads_and_writes_rounded_values():
+    # On CPU XLA computes bfloat16 elementwise ops in float32 and drops the convert pairs
+    # between fused ops, so a Softmax between a Mul and a Mul would read the producer's
+    # unrounded product and hand on its unrounded quotient. The handler rounds its input
+    # and its output, so the compiled graph equals numpy's bfloat16 arithmetic, op by op
+    # (the case behind ONNX's 4d_attn_mask_causal_bf16_expanded Attention test).
+    import jax
+    import ml_dtypes
+    from onnx import TensorProto, helper
+
+    from jaxort.graph import JaxGraph
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-2, 2, (3, 5, 17)).astype(bf16)
+    scale = np.array(0.3535, dtype=bf16)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Mul", ["x", "s"], ["a"]),
+         helper.make_node("Softmax", ["a"], ["p"], axis=-1),
+         helper.make_node("Mul", ["p", "s"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, x.shape),
+         helper.make_tensor_value_info("s", TensorProto.BFLOAT16, ())],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, x.shape)]),
+        opset_imports=[helper.make_opsetid("", 13)])
+
+    a = (x.astype(np.float32) * scale.astype(np.float32)).astype(bf16)
+    e = np.exp((a - a.max(-1, keepdims=True)).astype(np.float32)).astype(bf16)
+    total = e.astype(np.float32).sum(-1, keepdims=True).astype(bf16)
+    p = (e.astype(np.float64) / total.astype(np.float64)).astype(bf16)
+    expected = (p.astype(np.float32) * scale.astype(np.float32)).astype(bf16)
+
+    graph = JaxGraph(model, check=False, params=[], fuse=False)
+    (got,) = jax.jit(graph.apply)(graph.params, x, scale)
+    assert got.dtype == bf16
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float32), expected.astype(np.float32))
