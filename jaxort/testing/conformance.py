@@ -283,11 +283,13 @@ def _to_value(x):
     return x
 
 
-def _outcome(case) -> tuple:
+def _outcome(case, op_type=None) -> tuple:
     """Runs one case; returns (passed, message), the message the first lines of the error.
 
     A :data:`RANDOM_OPS` case that fails by equality is run again under its
-    properties; passing that way, its message is :data:`BY_PROPERTY`.
+    properties; passing that way, its message is :data:`BY_PROPERTY`. ``op_type``
+    is :func:`case_op_type` of the case, given by a caller whose index of the
+    cases this process lacks (a worker).
     """
     try:
         run_case(case)
@@ -295,7 +297,7 @@ def _outcome(case) -> tuple:
         if isinstance(e, KeyboardInterrupt):
             raise
         msg = _first_lines(e)
-        if case_op_type(case) not in RANDOM_OPS:
+        if (op_type or case_op_type(case)) not in RANDOM_OPS:
             return False, msg
         try:
             run_case(case, by_property=True)
@@ -326,10 +328,11 @@ def _worker(conn):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     conn.send("ready")
     while True:
-        case = conn.recv()
-        if case is None:
+        job = conn.recv()
+        if job is None:
             return
-        conn.send((case.name, *_outcome(case)))
+        case, op_type = job
+        conn.send((case.name, *_outcome(case, op_type)))
 
 
 class _Worker:
@@ -367,7 +370,9 @@ def run_all(cases, timeout: float, jobs: int, progress=True) -> dict:
                     case = pending.popleft()
                     w.case = case.name
                     w.started = time.monotonic()
-                    w.conn.send(case)
+                    # The worker never collected the cases, so it gets the op type
+                    # (an *_expanded case's is its base case's) with the case.
+                    w.conn.send((case, case_op_type(case)))
                 elif w.case is not None:
                     if w.conn.poll(0.01):
                         name, ok, msg = w.conn.recv()

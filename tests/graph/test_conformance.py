@@ -73,6 +73,14 @@ def test_random_cases_pass_by_property_only_where_the_file_holds_numpys_draw():
     assert "test_dropout_default" in results and "test_dropout_default" not in by_property
 
 
+def test_worker_processes_check_an_expanded_bernoulli_by_property_too():
+    # A worker process never collects the cases, so it learns from its caller that
+    # test_bernoulli_expanded (RandomUniformLike, Less, Cast) tests Bernoulli.
+    cases = [c for c in conformance.collect_cases(["Bernoulli"]) if c.name == "test_bernoulli_expanded"]
+    results = conformance.run_all(cases, timeout=300, jobs=1, progress=False)
+    assert results == {"test_bernoulli_expanded": (True, conformance.BY_PROPERTY)}
+
+
 def _case(name):
     (case,) = [c for c in conformance.collect_cases(["Dropout", "Bernoulli"]) if c.name == name]
     inputs, expected = next(conformance._data_sets(case))
