@@ -4,7 +4,8 @@ One function or method per C API entry, in snake_case: :func:`load_checkpoint`,
 :func:`save_checkpoint`, :class:`TrainingSession` (CreateTrainingSession) with
 its steps, learning-rate, scheduler, parameter-buffer, export and name calls,
 :func:`get_parameter`, :func:`update_parameter`, :func:`add_property`,
-:func:`get_property`, :func:`set_seed` and :func:`get_training_api`.
+:func:`get_property`, :func:`set_seed`, :func:`release_checkpoint_state`,
+:func:`release_training_session` and :func:`get_training_api`.
 
 A :class:`CheckpointHandle` (``OrtCheckpointState``) holds one immutable
 :class:`jaxort.training.SessionState`; every method calls it and replaces the
@@ -48,6 +49,8 @@ __all__ = [
     "get_training_api",
     "load_checkpoint",
     "load_checkpoint_from_buffer",
+    "release_checkpoint_state",
+    "release_training_session",
     "save_checkpoint",
     "set_seed",
     "update_parameter",
@@ -150,6 +153,19 @@ class CheckpointHandle:
         """The state as a :class:`jaxort.checkpoint.Checkpoint` (numpy), as it would be saved."""
         return self.cell.run(lambda st: st.to_checkpoint(bool(include_optimizer_state)))
 
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called."""
+        return self.cell.closed
+
+    def release(self) -> None:
+        """Frees the state (ReleaseCheckpointState), and the device buffers of its session.
+
+        Every later use of the handle, or of a session over it, raises
+        StateError; releasing twice is a no-op. Save the state first to keep it.
+        """
+        _free(self.cell.close("the checkpoint state was released"))
+
 
 def load_checkpoint(path: PathLike) -> CheckpointHandle:
     """Loads a checkpoint file, complete or nominal (LoadCheckpoint); CheckpointError if malformed."""
@@ -201,6 +217,20 @@ def add_property(state: CheckpointHandle, name: str, value: Union[int, float, st
 def get_property(state: CheckpointHandle, name: str) -> Union[int, float, str]:
     """A property's value (GetProperty)."""
     return state.get_property(name)
+
+
+def release_checkpoint_state(state: CheckpointHandle) -> None:
+    """Releases a checkpoint state (ReleaseCheckpointState): see :meth:`CheckpointHandle.release`."""
+    if not isinstance(state, CheckpointHandle):
+        raise InputError(f"state must be a jaxort.session.CheckpointHandle, got {type(state).__name__}")
+    state.release()
+
+
+def release_training_session(session: "TrainingSession") -> None:
+    """Releases a training session (ReleaseTrainingSession): see :meth:`TrainingSession.release`."""
+    if not isinstance(session, TrainingSession):
+        raise InputError(f"session must be a jaxort.session.TrainingSession, got {type(session).__name__}")
+    session.release()
 
 
 def set_seed(seed: int) -> None:
@@ -443,16 +473,22 @@ class TrainingSession:
         if self._released:
             return
         self._released = True
-        st = self._handle.cell.run(lambda st: (st.detach(), st) if st.owner is self else None)
-        for leaf in jax.tree_util.tree_leaves(None if st is None else st.train):
-            if isinstance(leaf, jax.Array) and not leaf.is_deleted():
-                leaf.delete()
+        if self._handle.released:  # the state went first, and freed the buffers
+            return
+        _free(self._handle.cell.run(lambda st: (st.detach(), st) if st.owner is self else None))
 
     def __enter__(self) -> "TrainingSession":
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.release()
+
+
+def _free(st: Optional[_training.SessionState]) -> None:
+    """Deletes the device buffers of a released state's training state."""
+    for leaf in jax.tree_util.tree_leaves(None if st is None else st.train):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
 
 
 def _indexed(names: list[str], index: int, what: str) -> str:
@@ -469,6 +505,8 @@ class TrainingApi:
         self.load_checkpoint = load_checkpoint
         self.load_checkpoint_from_buffer = load_checkpoint_from_buffer
         self.save_checkpoint = save_checkpoint
+        self.release_checkpoint_state = release_checkpoint_state
+        self.release_training_session = release_training_session
         self.TrainingSession = TrainingSession
         self.create_training_session = TrainingSession
         self.create_training_session_from_buffer = TrainingSession.from_buffers

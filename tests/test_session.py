@@ -369,6 +369,83 @@ def test_release_frees_device_buffers(tmp_path):
         s2.lazy_reset_grad()
 
 
+def test_released_checkpoint_state_refuses_every_use(tmp_path):
+    # ReleaseCheckpointState: the handle, and a session over it, raise StateError naming
+    # the release from then on; the session's device buffers are freed.
+    state, session = _session()
+    x, y = _frozen_batch(0)
+    session.train_step(x, y)
+    leaves = jax.tree_util.tree_leaves(session.train_state)
+    assert not state.released
+    js.release_checkpoint_state(state)
+    assert state.released and all(leaf.is_deleted() for leaf in leaves)
+    uses = [lambda: js.get_parameter(state, "fc2.bias"),
+            lambda: js.get_property(state, "x"),
+            lambda: js.add_property(state, "x", 1),
+            lambda: js.update_parameter(state, "fc2.bias", np.zeros(5, np.float32)),
+            lambda: js.get_parameter_type_and_shape(state, "fc2.bias"),
+            lambda: js.save_checkpoint(state, tmp_path / "ckpt"),
+            lambda: js.TrainingSession(state, FROZEN / "training_model.onnx"),
+            lambda: session.train_step(x, y),
+            lambda: session.optimizer_step(),
+            lambda: session.copy_parameters_to_buffer()]
+    for use in uses:
+        with pytest.raises(errors.StateError, match="checkpoint state was released"):
+            use()
+    assert not (tmp_path / "ckpt").exists()
+    js.release_checkpoint_state(state)  # twice: a no-op
+    js.release_training_session(session)  # after its state: a no-op too
+    with pytest.raises(errors.InputError, match="CheckpointHandle"):
+        js.release_checkpoint_state(session)
+    with pytest.raises(errors.InputError, match="TrainingSession"):
+        js.release_training_session(state)
+
+
+# Every function of OrtTrainingApi (onnxruntime_training_c_api.h, ORT 1.19.2) and its
+# counterpart in jaxort.session: a module function, or a TrainingSession member.
+C_API = {
+    "LoadCheckpoint": "load_checkpoint", "LoadCheckpointFromBuffer": "load_checkpoint_from_buffer",
+    "SaveCheckpoint": "save_checkpoint", "ReleaseCheckpointState": "release_checkpoint_state",
+    "CreateTrainingSession": "TrainingSession",
+    "CreateTrainingSessionFromBuffer": "TrainingSession.from_buffers",
+    "ReleaseTrainingSession": "release_training_session",
+    "TrainingSessionGetTrainingModelOutputCount": "TrainingSession.training_model_output_count",
+    "TrainingSessionGetEvalModelOutputCount": "TrainingSession.eval_model_output_count",
+    "TrainingSessionGetTrainingModelOutputName": "TrainingSession.training_model_output_name",
+    "TrainingSessionGetEvalModelOutputName": "TrainingSession.eval_model_output_name",
+    "TrainingSessionGetTrainingModelInputCount": "TrainingSession.training_model_input_count",
+    "TrainingSessionGetEvalModelInputCount": "TrainingSession.eval_model_input_count",
+    "TrainingSessionGetTrainingModelInputName": "TrainingSession.training_model_input_name",
+    "TrainingSessionGetEvalModelInputName": "TrainingSession.eval_model_input_name",
+    "LazyResetGrad": "TrainingSession.lazy_reset_grad", "TrainStep": "TrainingSession.train_step",
+    "EvalStep": "TrainingSession.eval_step", "OptimizerStep": "TrainingSession.optimizer_step",
+    "SetLearningRate": "TrainingSession.set_learning_rate",
+    "GetLearningRate": "TrainingSession.get_learning_rate",
+    "RegisterLinearLRScheduler": "TrainingSession.register_linear_lr_scheduler",
+    "SchedulerStep": "TrainingSession.scheduler_step",
+    "GetParametersSize": "TrainingSession.get_parameters_size",
+    "CopyParametersToBuffer": "TrainingSession.copy_parameters_to_buffer",
+    "CopyBufferToParameters": "TrainingSession.copy_buffer_to_parameters",
+    "ExportModelForInferencing": "TrainingSession.export_model_for_inferencing",
+    "SetSeed": "set_seed", "AddProperty": "add_property", "GetProperty": "get_property",
+    "GetParameterTypeAndShape": "get_parameter_type_and_shape",
+    "UpdateParameter": "update_parameter", "GetParameter": "get_parameter",
+}
+
+
+def test_every_c_api_function_has_a_counterpart():
+    assert len(C_API) == 33
+    api = js.get_training_api(19)
+    for entry, target in C_API.items():
+        obj = js
+        for part in target.split("."):
+            obj = getattr(obj, part, None)
+        assert callable(obj) or isinstance(obj, property), f"{entry}: jaxort.session.{target} is missing"
+        if "." not in target:
+            assert target in js.__all__, entry
+            assert target == "TrainingSession" or getattr(api, target) is obj, entry
+
+
 def test_second_session_detaches_the_first():
     state, first = _session()
     _, second = _session(state=state)

@@ -17,10 +17,11 @@ JAX (CPU, GPU or TPU), with the same artifacts and checkpoint files::
 Names, signatures and behaviour follow onnxruntime-training 1.19.2. The
 differences, all deliberate:
 
-- Arrays in and out are numpy (JAX arrays are accepted as inputs);
-  ``Module.get_contiguous_parameters`` returns a numpy array, not an
-  OrtValue, and ``copy_buffer_to_parameters`` takes numpy (or anything with
-  ``.numpy()``).
+- Arrays in and out are numpy (JAX arrays are accepted as inputs), as in
+  ORT; ``Module.get_contiguous_parameters`` returns :class:`OrtValue`, a
+  host tensor with the methods of ORT's OrtValue (``numpy()``, ``shape()``,
+  ``data_type()``, ...), and ``copy_buffer_to_parameters`` takes it, ORT's
+  OrtValue, numpy or JAX.
 - ``LinearLRScheduler(optimizer, warmup_step_count, total_step_count,
   initial_lr)`` uses the counts as documented; ORT 1.19.2's Python binding
   swaps them.
@@ -41,12 +42,14 @@ This package is a facade over :class:`jaxort.training.SessionState`, as is
 
 from jaxort.api._checkpoint_state import CheckpointState, Parameter, Parameters, Properties
 from jaxort.api._module import LinearLRScheduler, Module, Optimizer
+from jaxort.api._ortvalue import OrtValue
 
 __all__ = [
     "CheckpointState",
     "LinearLRScheduler",
     "Module",
     "Optimizer",
+    "OrtValue",
     "Parameter",
     "Parameters",
     "Properties",

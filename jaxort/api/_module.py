@@ -18,6 +18,7 @@ import onnx
 
 from jaxort import training as _training
 from jaxort.api._checkpoint_state import CheckpointState
+from jaxort.api._ortvalue import OrtValue
 from jaxort.errors import ArgumentTypeError, InputError
 from jaxort.graph import resolve_device
 
@@ -114,10 +115,12 @@ class Module:
         """Makes the next train step overwrite the gradients instead of adding to them."""
         self._run(lambda st: st.lazy_reset_grad())
 
-    def get_contiguous_parameters(self, trainable_only: bool = False) -> np.ndarray:
+    def get_contiguous_parameters(self, trainable_only: bool = False) -> OrtValue:
         """The parameters as one float32 vector, in the training model's input order.
 
-        ORT 1.19.2 returns an OrtValue; jaxort returns a numpy array.
+        An :class:`OrtValue`, as in ORT 1.19.2: ``.numpy()``, ``.shape()``,
+        ``.data_type()`` and the other OrtValue methods work, and so does
+        ``numpy.asarray``.
 
         Args:
           trainable_only: only trainable parameters.
@@ -126,7 +129,7 @@ class Module:
           StateError: nominal state.
         """
         trainable_only = _flag(trainable_only, "trainable_only")
-        return self._run(lambda st: st.parameters_to_buffer(trainable_only))
+        return OrtValue(self._run(lambda st: st.parameters_to_buffer(trainable_only)))
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (works on nominal states)."""
@@ -134,7 +137,7 @@ class Module:
         return self._run(lambda st: st.parameters_size(trainable_only))
 
     def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = True) -> None:
-        """Sets the parameters from one float32 vector (numpy, JAX, or anything with ``.numpy()``).
+        """Sets the parameters from one float32 vector: an OrtValue (jaxort's or ORT's), numpy or JAX.
 
         With ``trainable_only=True`` frozen parameters are left as they are.
         On a nominal state this completes it (``trainable_only`` must be False).

@@ -159,17 +159,41 @@ class SessionCell:
     def __init__(self, value: "SessionState"):
         self._value = value
         self._lock = threading.RLock()
+        self._closed: Optional[str] = None
 
     @property
     def value(self) -> "SessionState":
-        """The current state."""
+        """The current state; StateError once the cell is closed."""
         with self._lock:
+            self._require_open()
             return self._value
 
     @value.setter
     def value(self, value: "SessionState") -> None:
         with self._lock:
+            self._require_open()
             self._value = value
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed is not None
+
+    def close(self, message: str) -> Optional["SessionState"]:
+        """Drops the value; every later use raises ``StateError(message)``.
+
+        Returns the value it held (None when already closed), for the caller to
+        free its device buffers. Closing is final.
+        """
+        with self._lock:
+            if self._closed is not None:
+                return None
+            value, self._value, self._closed = self._value, None, message
+            return value
+
+    def _require_open(self) -> None:
+        if self._closed is not None:
+            raise StateError(self._closed)
 
     def run(self, fn: Callable, *, owner: Any = None, owner_message: Optional[str] = None,
             optimizer: Any = None):
@@ -187,10 +211,11 @@ class SessionCell:
             (:meth:`SessionState.require_optimizer_owner`).
 
         Raises:
-          StateError: ``owner`` or ``optimizer`` no longer drives the state;
+          StateError: the cell is closed; ``owner`` or ``optimizer`` no longer drives the state;
             and whatever ``fn`` raises (the value then stays as it was).
         """
         with self._lock:
+            self._require_open()
             st = self._value
             if owner is not None:
                 if owner_message is None:

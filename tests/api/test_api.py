@@ -275,6 +275,43 @@ def test_copy_buffer_to_parameters(make, tmp_path, trainable_only, optimizer):
     np.testing.assert_array_equal(module.get_contiguous_parameters(trainable_only=trainable_only), old)
 
 
+def test_contiguous_parameters_are_an_ortvalue_as_in_ort(frozen_artifacts):
+    # An ORT script's buffer handling, unchanged but for the import: ORT 1.19.2 returns
+    # its C OrtValue, whose shape() is [n], data_type() 'tensor(float)', element_type()
+    # 1 (TensorProto.FLOAT) and device_name() 'Cpu'.
+    from jaxort.api import OrtValue
+
+    a = frozen_artifacts
+    state, module, opt = _setup(a)
+    params = module.get_contiguous_parameters(trainable_only=True)
+    assert isinstance(params, OrtValue)
+    assert params.shape() == [a.info["parameters_size_trainable"]]
+    assert (params.data_type(), params.element_type(), params.device_name()) == ("tensor(float)", 1, "Cpu")
+    assert params.is_tensor() and params.has_value() and not params.is_sparse_tensor()
+    host = params.numpy()
+    np.testing.assert_array_equal(host, a.expected["contiguous_trainable_0"])
+    host[:] = 0  # numpy() is a copy, as ORT's
+    np.testing.assert_array_equal(np.asarray(params), a.expected["contiguous_trainable_0"])
+
+    halved = OrtValue.ortvalue_from_numpy(params.numpy() * 0.5)
+    module.copy_buffer_to_parameters(halved, trainable_only=True)
+    np.testing.assert_array_equal(module.get_contiguous_parameters(True).numpy(),
+                                  a.expected["contiguous_trainable_0"] * np.float32(0.5))
+    # onnxruntime's own OrtValue goes in as well.
+    module.copy_buffer_to_parameters(onnxruntime.OrtValue.ortvalue_from_numpy(params.numpy()), True)
+    np.testing.assert_array_equal(module.get_contiguous_parameters(True).numpy(),
+                                  a.expected["contiguous_trainable_0"])
+
+    buffer = OrtValue.ortvalue_from_shape_and_type([params.shape()[0]], np.float32)
+    np.testing.assert_array_equal(buffer.numpy(), np.zeros(params.shape(), np.float32))
+    buffer.update_inplace(params.numpy() + 1)
+    np.testing.assert_array_equal(buffer.numpy(), a.expected["contiguous_trainable_0"] + 1)
+    with pytest.raises(errors.InputError, match=r"expected float32\[\d+\], got float64"):
+        buffer.update_inplace(params.numpy().astype(np.float64))
+    with pytest.raises(errors.InputError, match="device 'cuda'"):
+        OrtValue.ortvalue_from_numpy(host, "cuda")
+
+
 def test_copy_buffer_layout_matches_ort(frozen_artifacts):
     a = frozen_artifacts
     state, module, opt = _setup(a)
