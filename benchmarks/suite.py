@@ -118,7 +118,9 @@ def prepare(name: str) -> dict:
 
                 generate_artifacts(w.model, requires_grad=w.requires_grad, frozen_params=w.frozen_params,
                                    loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
-                                   artifact_directory=folder)
+                                   artifact_directory=folder,
+                                   # jaxort trains the forward graph; no gradient graph needed
+                                   gradient_graph=False)
         except Exception as exc:  # noqa: BLE001 - a missing library or a refused model: skip
             print(f"  {name}: no {kind} artifacts ({type(exc).__name__}: {exc})", file=sys.stderr)
             continue

@@ -160,6 +160,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--additional-outputs", type=_names, action="extend", default=None, metavar="NAMES",
                      help="values the training and eval models return after the loss")
     gen.add_argument("--nominal-checkpoint", action="store_true", help="also write nominal_checkpoint")
+    gen.add_argument("--no-gradient-graph", dest="gradient_graph", action="store_false",
+                     help="write jaxort-only artifacts, without the gradient graph ONNX Runtime trains "
+                          "with (for models with ops that have no gradient rule yet)")
     gen.add_argument("-o", "--out", required=True, metavar="DIR", help="directory to write (created)")
 
     for name, alias in (("inspect", []), ("summary", [])):
@@ -275,7 +278,8 @@ def _run_generate(args) -> None:
     arts = generate_artifacts(
         args.model, requires_grad=args.requires_grad, frozen_params=args.frozen,
         loss=LossType[args.loss], optimizer=OptimType[args.optimizer], artifact_directory=args.out,
-        additional_output_names=args.additional_outputs, nominal_checkpoint=args.nominal_checkpoint)
+        additional_output_names=args.additional_outputs, nominal_checkpoint=args.nominal_checkpoint,
+        gradient_graph=args.gradient_graph)
     for path in (arts.training_model, arts.eval_model, arts.optimizer_model, arts.checkpoint,
                  arts.nominal_checkpoint):
         if path is not None:

@@ -180,6 +180,9 @@ def test_jaxort_generate_artifacts_trains_like_ort(case, tmp_path):
         loss=LossType[case_info["loss"]],
         optimizer=OptimType.AdamW,
         artifact_directory=str(tmp_path),
+        # jaxort-only files: each of these models has ops without a gradient rule for
+        # ONNX Runtime yet (Gather, LayerNormalization, GlobalAveragePool, ...).
+        gradient_graph=False,
     )
     losses, grads, state, _ = _train(tmp_path, case_info, arrays, with_eval=False)
     np.testing.assert_allclose(losses, arrays["expected/losses"], rtol=LOSS_RTOL, err_msg=f"{case} losses")

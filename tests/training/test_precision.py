@@ -61,7 +61,8 @@ def _digits():
 
 def _curve(model, loss, batch, policy, steps=200, lr=0.001):
     with tempfile.TemporaryDirectory() as tmp:
-        arts = generate_artifacts(model, loss=loss, optimizer=OptimType.AdamW, artifact_directory=tmp)
+        arts = generate_artifacts(model, loss=loss, optimizer=OptimType.AdamW, artifact_directory=tmp,
+                                  gradient_graph=False)  # trained by jaxort only
         start = checkpoint.load(arts.checkpoint)
         prog = TrainProgram.from_artifacts(arts.training_model, arts.eval_model, arts.optimizer_model,
                                            checkpoint=start, policy=policy)

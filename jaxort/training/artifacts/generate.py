@@ -7,17 +7,16 @@ output names, input order, optimizer node and checkpoint follow what
 onnxruntime-training 1.19.2 writes (its ``onnxblock`` package), so the eval
 model, optimizer model and checkpoint load in ONNX Runtime unchanged.
 
-One deliberate difference: the training model holds no gradient graph. ONNX
-Runtime builds one with its C++ gradient builder and com.microsoft gradient
-ops; jaxort computes gradients with ``jax.grad`` of the forward + loss graph,
-so the training model written here is that graph with ORT's training inputs
-(parameters as graph inputs, one ``<param>_grad.accumulation.buffer`` per
-trainable parameter, ``lazy_reset_grad``). jaxort trains from it; ONNX
-Runtime cannot: onnxruntime-training 1.19.2 loads it and computes the loss,
-but its gradient buffers stay zero, so ``Optimizer.step`` changes nothing.
-Use ORT's own ``generate_artifacts`` when ONNX Runtime must train from the
-files; jaxort trains from those too, and the eval model, optimizer model and
-checkpoint written here work with ORT's training model.
+The training model holds a gradient graph for ONNX Runtime
+(:mod:`jaxort.training.artifacts.gradient`): one rule per forward node in
+standard ONNX ops, ending in ORT's ``InPlaceAccumulatorV2`` per trainable
+parameter, so ORT's ``Module`` trains the files. jaxort itself never runs
+it (it differentiates the forward + loss graph with ``jax.grad``). Where a
+node on the loss path has no rule yet, :func:`generate_artifacts` raises a
+TrainingError naming it before writing anything; ``gradient_graph=False``
+writes jaxort-only artifacts instead, whose accumulator outputs come from one
+``ai.jaxort::NoGradientGraph`` node, so ONNX Runtime refuses the training
+model when it loads it instead of training it with zero gradients.
 
 A second, smaller one: in the eval model, a BatchNormalization that was in
 training mode loses its unused running-statistics outputs. ORT 1.19.2 keeps
@@ -45,6 +44,7 @@ from jaxort import checkpoint as _ckpt
 from jaxort.errors import TrainingError
 from jaxort.graph import load_model
 from jaxort.training.artifacts.export import trim_inference_batchnorm_outputs
+from jaxort.training.artifacts.gradient import add_gradient_graph
 from jaxort.training.artifacts.read import CUSTOM_LOSS_KEY, CUSTOM_LOSS_LABELS_KEY, loss_label_names
 
 __all__ = [
@@ -331,8 +331,30 @@ class _Built:
     label_names: tuple
 
 
+# The domain of the node that stands for a gradient graph jaxort did not write.
+NO_GRADIENT_DOMAIN = "ai.jaxort"
+NO_GRADIENT_OP = "NoGradientGraph"
+
+
+def _mark_no_gradient_graph(model: onnx.ModelProto, trainable: Sequence[str]) -> None:
+    # One node makes every <param>_grad.accumulation.out: jaxort ignores it (it
+    # differentiates the loss slice), ONNX Runtime has no kernel for it and refuses
+    # to load the model, rather than train it with zero gradients.
+    outs = [f"{p}_grad.accumulation.out" for p in trainable]
+    if not outs:
+        return
+    model.graph.node.append(helper.make_node(
+        NO_GRADIENT_OP, [f"{p}_grad.accumulation.buffer" for p in trainable] + ["lazy_reset_grad"], outs,
+        name=NO_GRADIENT_OP, domain=NO_GRADIENT_DOMAIN,
+        doc_string="jaxort wrote this training model without a gradient graph "
+                   "(generate_artifacts(..., gradient_graph=False)): jaxort trains it, ONNX Runtime cannot"))
+    model.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.BOOL, [1]) for o in outs)
+    if not any(imp.domain == NO_GRADIENT_DOMAIN for imp in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(NO_GRADIENT_DOMAIN, 1))
+
+
 def _build(model, requires_grad, frozen_params, loss, additional_output_names, loss_input_names,
-           name_offset=0):
+           name_offset=0, gradient_graph=None):
     base = copy.deepcopy(load_model(model, check=True))
     names = _Names(name_offset)
     trainable, frozen = _split_params(base, requires_grad, frozen_params)
@@ -380,11 +402,22 @@ def _build(model, requires_grad, frozen_params, loss, additional_output_names, l
     training_model.graph.input.extend(buffers)
     training_model.graph.input.append(
         helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1]))
+    if gradient_graph is None:
+        gradient_graph = not custom
+    if gradient_graph and custom:
+        raise TrainingError("gradient_graph=True needs a loss in ONNX (a LossType, or None with the loss "
+                            "as the model's first output); a JAX callable loss only trains in jaxort")
+    order = [vi.name for vi in training_model.graph.input if vi.name in trainable]
+    if gradient_graph and order:
+        add_gradient_graph(training_model, outputs[0], order)
+    else:
+        _mark_no_gradient_graph(training_model, order)
     return _Built(training_model, eval_model, trainable_list, frozen_list, label_names), names
 
 
 def build_training_model(model, requires_grad=None, frozen_params=None, loss=None, *,
-                         additional_output_names=None, loss_input_names=None, name_offset=0):
+                         additional_output_names=None, loss_input_names=None, name_offset=0,
+                         gradient_graph=None):
     """Builds the training and eval models in memory (no files).
 
     Args:
@@ -394,6 +427,7 @@ def build_training_model(model, requires_grad=None, frozen_params=None, loss=Non
       name_offset: start of the ``onnx::<token>::<n>`` counter. ORT 1.19.2
         counts across a whole process; pass the count ORT had reached to get
         its names exactly.
+      gradient_graph: as for :func:`generate_artifacts`.
 
     Returns:
       ``(training_model, eval_model, trainable, frozen)``: two ModelProtos and
@@ -403,7 +437,7 @@ def build_training_model(model, requires_grad=None, frozen_params=None, loss=Non
       TrainingError: an unknown parameter or output, or a bad loss.
     """
     built, _ = _build(model, requires_grad, frozen_params, loss, additional_output_names,
-                      loss_input_names, name_offset)
+                      loss_input_names, name_offset, gradient_graph)
     return built.training_model, built.eval_model, built.trainable, built.frozen
 
 
@@ -478,14 +512,16 @@ def generate_artifacts(
     additional_output_names: Optional[Sequence[str]] = None,
     nominal_checkpoint: bool = False,
     loss_input_names: Optional[Sequence[str]] = None,
+    *,
+    gradient_graph: Optional[bool] = None,
 ) -> Artifacts:
     """Writes training artifacts for ``model``, like ORT's ``generate_artifacts``.
 
     The parameters are those of ``onnxruntime.training.artifacts.
     generate_artifacts`` (1.19.2), in the same order. Files:
     ``<prefix>training_model.onnx`` (forward + loss, parameters as inputs,
-    gradient buffers and ``lazy_reset_grad``, no gradient graph: see the
-    module docstring), ``<prefix>eval_model.onnx`` (forward + loss, standard
+    gradient buffers and ``lazy_reset_grad``, and the gradient graph ORT
+    runs: see the module docstring), ``<prefix>eval_model.onnx`` (forward + loss, standard
     ONNX ops only), ``<prefix>checkpoint`` (and ``<prefix>nominal_checkpoint``)
     and ``<prefix>optimizer_model.onnx``.
 
@@ -518,6 +554,11 @@ def generate_artifacts(
         types without data).
       loss_input_names: the values the loss reads (default: every graph
         output); a second name, if it is an existing value, is the label.
+      gradient_graph: write the gradient graph ONNX Runtime trains with
+        (True), or jaxort-only artifacts that ORT refuses to load (False).
+        Default: True, except for a JAX callable loss (which has no ONNX
+        form). True raises a TrainingError naming the first node on the loss
+        path without a gradient rule (:data:`jaxort.training.artifacts.gradient.RULES`).
 
     Returns:
       :class:`Artifacts` with the paths written (ORT returns None).
@@ -537,7 +578,7 @@ def generate_artifacts(
     if optimizer is not None and not isinstance(optimizer, OptimType):
         raise TrainingError(f"unknown optimizer {optimizer!r}: expected OptimType.AdamW or OptimType.SGD")
     built, names = _build(model, requires_grad, frozen_params, loss, additional_output_names,
-                          loss_input_names)
+                          loss_input_names, gradient_graph=gradient_graph)
     if optimizer is not None and not built.trainable:
         raise TrainingError("an optimizer model needs at least one trainable parameter")
 

@@ -1,0 +1,620 @@
+"""The gradient graph of a training model, in standard ONNX ops, for ONNX Runtime to run.
+
+jaxort trains with ``jax.grad`` and never runs a gradient graph. ONNX Runtime
+does: its ``Module`` runs training_model.onnx, and a trainable parameter's
+gradient reaches it only through the ``com.microsoft::InPlaceAccumulatorV2``
+node that writes ``<param>_grad.accumulation.buffer`` (its output
+``<param>_grad.accumulation.out`` is a bool flag). :func:`add_gradient_graph`
+appends that part to a forward + loss model: reverse-mode differentiation
+node by node, each node's rule written in standard ONNX ops (so onnxruntime
+inference, ONNX's reference evaluator and jaxort can all run and check it),
+then one accumulator per parameter, as ORT's gradient builder ends its graph.
+
+Why per node, in standard ops, and not JAX's own backward pass converted to
+ONNX (a jaxpr -> ONNX export): a jaxpr of ``jax.grad`` works on XLA's
+primitives, and several that backward passes produce have no ONNX op
+(``select_and_scatter_add`` of max pooling, general ``gather``/``scatter``
+dimension numbers, ``custom_vjp`` calls of the fused patterns), and it
+recomputes the forward pass. A rule per ONNX op stays at the level of the
+model, reuses the forward values the graph already has, and names the op it
+cannot differentiate.
+
+The rules cover the ops of MLPs, CNNs and ORT's losses (see :data:`RULES`);
+any other op on the path from a trainable parameter to the loss is a
+:class:`jaxort.errors.TrainingError` naming the node and op, raised before
+any file is written.
+
+Part of the training layer: it uses onnx only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from jaxort.errors import TrainingError
+
+__all__ = ["RULES", "add_gradient_graph", "gradient_name"]
+
+# The lowest default-domain opset the rules are written for (ReduceSum and
+# Unsqueeze take axes as an input from 13); MaxPool's needs 16 (ScatterElements
+# reduces from 16).
+MIN_OPSET = 13
+_MS_DOMAIN = "com.microsoft"
+
+
+def gradient_name(param: str) -> str:
+    """The value holding a parameter's gradient, as ORT names it (``<param>_grad``)."""
+    return f"{param}_grad"
+
+
+class _Emitter:
+    """Appends gradient nodes and constants to a graph, with unique names."""
+
+    def __init__(self, model: onnx.ModelProto, shapes: dict, opset: int):
+        self.model = model
+        self.shapes = shapes
+        self.opset = opset
+        self.nodes: list = []
+        self.count = 0
+        taken = {v for n in model.graph.node for v in n.output}
+        taken.update(i.name for i in model.graph.input)
+        taken.update(t.name for t in model.graph.initializer)
+        self._taken = taken
+
+    def name(self, hint: str) -> str:
+        while True:
+            self.count += 1
+            name = f"jaxort_grad/{hint}_{self.count}"
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
+
+    def op(self, op_type: str, inputs: Sequence[str], n_out: int = 1, domain: str = "", **attrs):
+        outs = [self.name(op_type) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=self.name(f"{op_type}_node"),
+                                           domain=domain or None, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def const(self, value, elem_type: int) -> str:
+        # A Constant node, not an initializer: the training model's initializers stay
+        # the forward model's constants, as in ORT's files.
+        dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+        return self.op("Constant", [], value=numpy_helper.from_array(np.asarray(value, dtype=dtype)))
+
+    def ints(self, values: Sequence[int]) -> str:
+        return self.const(np.asarray(list(values), np.int64), TensorProto.INT64)
+
+    def elem_type(self, value: str) -> int:
+        return self.shapes[value][0]
+
+    def dims(self, value: str) -> Optional[list]:
+        return self.shapes[value][1]
+
+
+def _shapes(model: onnx.ModelProto) -> dict:
+    """name -> (elem_type, dims or None); a dim is an int, a dim_param string, or None."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    out = {}
+    infos = [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]
+    for vi in infos:
+        t = vi.type.tensor_type
+        dims = None
+        if t.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        out[vi.name] = (t.elem_type, dims)
+    for init in inferred.graph.initializer:
+        out[init.name] = (init.data_type, list(init.dims))
+    return out
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _static(model: onnx.ModelProto, name: str) -> Optional[np.ndarray]:
+    """The value of an initializer or a Constant node's output, else None."""
+    for init in model.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output[0] == name:
+            value = _attrs(node).get("value")
+            return None if value is None else numpy_helper.to_array(value)
+    return None
+
+
+def _error(node: onnx.NodeProto, why: str) -> TrainingError:
+    return TrainingError(f"cannot write the gradient graph ONNX Runtime needs: node {node.name!r} "
+                         f"({node.domain or 'ai.onnx'}::{node.op_type}) {why}")
+
+
+# --------------------------------------------------------------------------- helpers of the rules
+
+
+def _unbroadcast(em: _Emitter, node, dy: str, x: str, y: str) -> str:
+    """``dy`` summed over the axes along which ``x`` was broadcast to ``y``'s shape."""
+    sx, sy = em.dims(x), em.dims(y)
+    if sx is None or sy is None:
+        raise _error(node, f"has an input {x!r} or output {y!r} of unknown rank")
+    if sx == sy:
+        return dy
+    lead = len(sy) - len(sx)
+    axes = list(range(lead))
+    for i, dx_ in enumerate(sx):
+        dy_ = sy[lead + i]
+        if dx_ == dy_:
+            continue
+        if dx_ == 1:
+            axes.append(lead + i)
+        else:
+            raise _error(node, f"broadcasts input {x!r} (shape {sx}) to {sy} along a dimension "
+                               "whose size is not known: give the model static shapes")
+    if not axes:
+        return dy
+    reduced = em.op("ReduceSum", [dy, em.ints(axes)], keepdims=1)
+    return em.op("Reshape", [reduced, em.op("Shape", [x])]) if lead else reduced
+
+
+def _scalar(em: _Emitter, value: float, like: str) -> str:
+    return em.const(value, em.elem_type(like))
+
+
+def _transpose_last2(em: _Emitter, node, x: str) -> str:
+    dims = em.dims(x)
+    if dims is None:
+        raise _error(node, f"has an input {x!r} of unknown rank")
+    perm = list(range(len(dims)))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    return em.op("Transpose", [x], perm=perm)
+
+
+# --------------------------------------------------------------------------- the rules
+#
+# A rule gets the emitter, the node, the gradients of its outputs (None where an
+# output does not reach the loss) and which inputs need a gradient; it returns
+# one gradient (or None) per input.
+
+
+def _add(em, node, dys, needs):
+    a, b = node.input
+    return [_unbroadcast(em, node, dys[0], a, node.output[0]) if needs[0] else None,
+            _unbroadcast(em, node, dys[0], b, node.output[0]) if needs[1] else None]
+
+
+def _sub(em, node, dys, needs):
+    a, b = node.input
+    return [_unbroadcast(em, node, dys[0], a, node.output[0]) if needs[0] else None,
+            _unbroadcast(em, node, em.op("Neg", [dys[0]]), b, node.output[0]) if needs[1] else None]
+
+
+def _mul(em, node, dys, needs):
+    a, b = node.input
+    y = node.output[0]
+    return [_unbroadcast(em, node, em.op("Mul", [dys[0], b]), a, y) if needs[0] else None,
+            _unbroadcast(em, node, em.op("Mul", [dys[0], a]), b, y) if needs[1] else None]
+
+
+def _div(em, node, dys, needs):
+    a, b = node.input
+    y = node.output[0]
+    da = _unbroadcast(em, node, em.op("Div", [dys[0], b]), a, y) if needs[0] else None
+    db = None
+    if needs[1]:
+        db = _unbroadcast(em, node, em.op("Neg", [em.op("Div", [em.op("Mul", [dys[0], y]), b])]), b, y)
+    return [da, db]
+
+
+def _sum(em, node, dys, needs):
+    return [_unbroadcast(em, node, dys[0], x, node.output[0]) if need else None
+            for x, need in zip(node.input, needs)]
+
+
+def _elementwise(fn: Callable) -> Callable:
+    """A rule for a one-input elementwise op: ``fn(em, x, y, dy) -> dx``."""
+
+    def rule(em, node, dys, needs):
+        return [fn(em, node.input[0], node.output[0], dys[0])]
+
+    return rule
+
+
+def _relu(em, x, y, dy):
+    zero = _scalar(em, 0.0, y)
+    return em.op("Where", [em.op("Greater", [y, zero]), dy, zero])
+
+
+def _sigmoid(em, x, y, dy):
+    return em.op("Mul", [dy, em.op("Mul", [y, em.op("Sub", [_scalar(em, 1.0, y), y])])])
+
+
+def _tanh(em, x, y, dy):
+    return em.op("Mul", [dy, em.op("Sub", [_scalar(em, 1.0, y), em.op("Mul", [y, y])])])
+
+
+def _pow(em, node, dys, needs):
+    x, e = node.input
+    if needs[1]:
+        raise _error(node, "has an exponent that depends on a trainable parameter")
+    exponent = _static(em.model, e)
+    if exponent is None or exponent.size != 1:
+        raise _error(node, f"has an exponent {e!r} that is not a constant scalar")
+    k = float(exponent.reshape(()))
+    if k == 2.0:
+        factor = em.op("Mul", [_scalar(em, 2.0, x), x])
+    else:
+        factor = em.op("Mul", [_scalar(em, k, x), em.op("Pow", [x, _scalar(em, k - 1.0, x)])])
+    return [em.op("Mul", [dys[0], factor]), None]
+
+
+def _like_input(em, node, dys, needs):
+    """Reshape-like ops (Flatten, Reshape, Squeeze, Unsqueeze): dx is dy in x's shape."""
+    dx = em.op("Reshape", [dys[0], em.op("Shape", [node.input[0]])])
+    return [dx] + [None] * (len(node.input) - 1)
+
+
+def _expand(em, node, dys, needs):
+    return [_unbroadcast(em, node, dys[0], node.input[0], node.output[0]), None]
+
+
+def _transpose(em, node, dys, needs):
+    dims = em.dims(node.input[0])
+    perm = _attrs(node).get("perm")
+    if perm is None:
+        if dims is None:
+            raise _error(node, "has an input of unknown rank")
+        perm = list(reversed(range(len(dims))))
+    inverse = list(np.argsort(perm))
+    return [em.op("Transpose", [dys[0]], perm=[int(i) for i in inverse])]
+
+
+def _cast(em, node, dys, needs):
+    return [em.op("Cast", [dys[0]], to=em.elem_type(node.input[0]))]
+
+
+def _reduce(mean: bool) -> Callable:
+    def rule(em, node, dys, needs):
+        x, y = node.input[0], node.output[0]
+        attrs = _attrs(node)
+        keepdims = attrs.get("keepdims", 1)
+        axes = attrs.get("axes")
+        if len(node.input) > 1 and node.input[1]:
+            static = _static(em.model, node.input[1])
+            if static is None:
+                raise _error(node, "has axes that are not constant")
+            axes = [int(a) for a in static.reshape(-1)]
+        dims = em.dims(x)
+        if dims is None:
+            raise _error(node, "has an input of unknown rank")
+        if not axes:
+            if attrs.get("noop_with_empty_axes", 0):
+                return [dys[0]] + [None] * (len(node.input) - 1)
+            axes = list(range(len(dims)))
+        axes = sorted(int(a) % len(dims) for a in axes)
+        dy = dys[0]
+        if not keepdims:
+            dy = em.op("Unsqueeze", [dy, em.ints(axes)])
+        dx = em.op("Expand", [dy, em.op("Shape", [x])])
+        if mean:
+            t = em.elem_type(x)
+            count = em.op("Div", [em.op("Cast", [em.op("Size", [x])], to=t),
+                                  em.op("Cast", [em.op("Size", [y])], to=t)])
+            dx = em.op("Div", [dx, count])
+        return [dx] + [None] * (len(node.input) - 1)
+
+    return rule
+
+
+def _matmul(em, node, dys, needs):
+    a, b = node.input
+    dy = dys[0]
+    sa, sb = em.dims(a), em.dims(b)
+    if sa is None or sb is None or len(sa) < 2 or len(sb) < 2:
+        raise _error(node, "has a 1-D or unknown-rank input")
+    da = db = None
+    if needs[0]:
+        if len(sa) < len(sb):
+            raise _error(node, "broadcasts its first input over batch dimensions")
+        da = em.op("MatMul", [dy, _transpose_last2(em, node, b)])
+    if needs[1]:
+        if len(sb) == 2:
+            # a: [..., m, k] -> [M, k]; dy: [..., m, n] -> [M, n]; db = a^T dy.
+            a2 = em.op("Reshape", [a, em.op("Concat", [em.ints([-1]), _last_dim(em, a)], axis=0)])
+            dy2 = em.op("Reshape", [dy, em.op("Concat", [em.ints([-1]), _last_dim(em, dy)], axis=0)])
+            db = em.op("MatMul", [em.op("Transpose", [a2], perm=[1, 0]), dy2])
+        elif len(sa) == len(sb) and sa[:-2] == sb[:-2]:
+            db = em.op("MatMul", [_transpose_last2(em, node, a), dy])
+        else:
+            raise _error(node, "broadcasts its second input over batch dimensions")
+    return [da, db]
+
+
+def _last_dim(em, x):
+    return em.op("Slice", [em.op("Shape", [x]), em.ints([-1]), em.ints([np.iinfo(np.int64).max])])
+
+
+def _gemm(em, node, dys, needs):
+    a, b = node.input[:2]
+    c = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    attrs = _attrs(node)
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    ta, tb = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
+    dy = dys[0]
+    out = [None] * len(node.input)
+    if needs[0]:
+        if ta:
+            out[0] = em.op("Gemm", [b, dy], alpha=alpha, transA=tb, transB=1)
+        else:
+            out[0] = em.op("Gemm", [dy, b], alpha=alpha, transA=0, transB=1 - tb)
+    if needs[1]:
+        if tb:
+            out[1] = em.op("Gemm", [dy, a], alpha=alpha, transA=1, transB=ta)
+        else:
+            out[1] = em.op("Gemm", [a, dy], alpha=alpha, transA=1 - ta, transB=0)
+    if c is not None and needs[2]:
+        dc = dy if beta == 1.0 else em.op("Mul", [dy, _scalar(em, beta, node.output[0])])
+        out[2] = _unbroadcast(em, node, dc, c, node.output[0])
+    return out
+
+
+def _second_output(em: _Emitter, node, dys, what: str) -> str:
+    """The node's optional second output (log_prob, Indices, mask), which its rule reads.
+
+    The forward node gains it when it has none, as ORT's gradient builder adds it.
+    It must not itself lead to the loss.
+    """
+    if len(dys) > 1 and dys[1] is not None:
+        raise _error(node, f"has its {what} output on the path to the loss")
+    if len(node.output) > 1 and node.output[1]:
+        return node.output[1]
+    name = em.name(what)
+    del node.output[1:]
+    node.output.append(name)
+    return name
+
+
+def _softmax_cross_entropy(em, node, dys, needs):
+    scores, labels = node.input[:2]
+    weights = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if weights is not None and needs[2]:
+        raise _error(node, "has class weights that depend on a trainable parameter")
+    attrs = _attrs(node)
+    reduction = attrs.get("reduction", b"mean")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    t = em.elem_type(scores)
+    log_prob = _second_output(em, node, dys, "log_prob")
+    probs = em.op("Exp", [log_prob])
+    mask = None
+    safe = labels
+    if "ignore_index" in attrs:
+        ignore = em.const(np.int64(attrs["ignore_index"]), em.elem_type(labels))
+        mask = em.op("Not", [em.op("Equal", [labels, ignore])])
+        safe = em.op("Where", [mask, labels, em.const(0, em.elem_type(labels))])
+    depth = em.op("Gather", [em.op("Shape", [scores]), em.ints([1])])
+    one_hot = em.op("OneHot", [safe, depth, em.const([0.0, 1.0], t)], axis=1)
+    weight = None
+    if weights is not None:
+        weight = em.op("Gather", [weights, safe])
+    if mask is not None:
+        m = em.op("Cast", [mask], to=t)
+        weight = m if weight is None else em.op("Mul", [weight, m])
+    dy = dys[0]
+    if reduction == "mean":
+        if weight is None:
+            count = em.op("Cast", [em.op("Size", [labels])], to=t)
+            coeff = em.op("Div", [dy, count])
+        else:
+            coeff = em.op("Mul", [dy, em.op("Div", [weight, em.op("ReduceSum", [weight], keepdims=0)])])
+    elif reduction == "sum":
+        coeff = dy if weight is None else em.op("Mul", [dy, weight])
+    elif reduction == "none":
+        coeff = dy if weight is None else em.op("Mul", [dy, weight])
+    else:
+        raise _error(node, f"has an unknown reduction {reduction!r}")
+    if not (reduction != "none" and weight is None):
+        coeff = em.op("Unsqueeze", [coeff, em.ints([1])])
+    dscores = em.op("Mul", [em.op("Sub", [probs, one_hot]), coeff])
+    return [dscores] + [None] * (len(node.input) - 1)
+
+
+def _conv(em, node, dys, needs):
+    x, w = node.input[:2]
+    b = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    attrs = _attrs(node)
+    sx, sw, sy = em.dims(x), em.dims(w), em.dims(node.output[0])
+    static = lambda dims: dims is not None and all(isinstance(d, int) and d > 0 for d in dims)  # noqa: E731
+    if not (static(sw) and sx and sy and static(sx[2:]) and static(sy[2:])):
+        raise _error(node, "has a weight, or input or output spatial dimensions, without static shapes")
+    if attrs.get("group", 1) != 1:
+        raise _error(node, "is a grouped convolution (group != 1)")
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID"):
+        raise _error(node, f"uses auto_pad={auto_pad}: give explicit pads")
+    n = len(sx) - 2
+    strides = list(attrs.get("strides", [1] * n))
+    dilations = list(attrs.get("dilations", [1] * n))
+    pads = list(attrs.get("pads", [0] * (2 * n))) if auto_pad == "NOTSET" else [0] * (2 * n)
+    kernel = sw[2:]
+    dy = dys[0]
+    out = [None] * len(node.input)
+    if needs[0]:
+        natural = [(sy[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - pads[i] - pads[n + i]
+                   for i in range(n)]
+        output_padding = [sx[2 + i] - natural[i] for i in range(n)]
+        out[0] = em.op("ConvTranspose", [dy, w], strides=strides, pads=pads, dilations=dilations,
+                       output_padding=output_padding, kernel_shape=kernel)
+    if needs[1]:
+        swap = [1, 0] + list(range(2, n + 2))
+        # dW[o, c] = sum over the batch of X[:, c] correlated with dY[:, o]: a convolution of the
+        # batch-swapped input with the batch-swapped output gradient, strides and dilations exchanged.
+        full = em.op("Conv", [em.op("Transpose", [x], perm=swap), em.op("Transpose", [dy], perm=swap)],
+                     strides=dilations, dilations=strides, pads=pads, kernel_shape=sy[2:])
+        size = [(sx[2 + i] + pads[i] + pads[n + i] - ((sy[2 + i] - 1) * strides[i] + 1)) // dilations[i] + 1
+                for i in range(n)]
+        if size != list(kernel):
+            full = em.op("Slice", [full, em.ints([0] * n), em.ints(kernel), em.ints(list(range(2, n + 2)))])
+        out[1] = em.op("Transpose", [full], perm=swap)
+    if b is not None and needs[2]:
+        out[2] = em.op("ReduceSum", [dy, em.ints([0] + list(range(2, n + 2)))], keepdims=0)
+    return out
+
+
+def _max_pool(em, node, dys, needs):
+    x = node.input[0]
+    attrs = _attrs(node)
+    if em.opset < 16:
+        raise _error(node, f"needs opset 16 or newer for its gradient (the model has {em.opset})")
+    if attrs.get("storage_order", 0) != 0:
+        raise _error(node, "uses storage_order=1")
+    indices = _second_output(em, node, dys, "Indices")
+    flat = em.ints([-1])
+    size = em.op("Reshape", [em.op("Size", [x]), flat])
+    zeros = em.op("ConstantOfShape", [size],
+                  value=numpy_helper.from_array(np.zeros(1, helper.tensor_dtype_to_np_dtype(em.elem_type(x)))))
+    scattered = em.op("ScatterElements", [zeros, em.op("Reshape", [indices, flat]),
+                                          em.op("Reshape", [dys[0], flat])], axis=0, reduction="add")
+    return [em.op("Reshape", [scattered, em.op("Shape", [x])])]
+
+
+def _dropout(em, node, dys, needs):
+    # y = x * mask / (1 - ratio) when training_mode is true, else y = x. Without a
+    # training_mode input Dropout is the identity, and so is its gradient (ORT's
+    # DropoutGrad scales it by 1 / (1 - ratio) all the same).
+    training = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    out = [None] * len(node.input)
+    if training is None:
+        out[0] = dys[0]
+        return out
+    mask = _second_output(em, node, dys, "mask")
+    x = node.input[0]
+    t = em.elem_type(x)
+    ratio = node.input[1] if len(node.input) > 1 and node.input[1] else em.const(0.5, t)
+    ratio = em.op("Cast", [ratio], to=t)
+    scale = em.op("Div", [em.op("Cast", [mask], to=t), em.op("Sub", [_scalar(em, 1.0, x), ratio])])
+    out[0] = em.op("Where", [training, em.op("Mul", [dys[0], scale]), dys[0]])
+    return out
+
+
+def _identity(em, node, dys, needs):
+    return [dys[0]]
+
+
+#: op type -> rule, for default-domain nodes on the path from a parameter to the loss.
+RULES: dict = {
+    "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Sum": _sum,
+    "Neg": _elementwise(lambda em, x, y, dy: em.op("Neg", [dy])),
+    "Abs": _elementwise(lambda em, x, y, dy: em.op("Mul", [dy, em.op("Sign", [x])])),
+    "Exp": _elementwise(lambda em, x, y, dy: em.op("Mul", [dy, y])),
+    "Log": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, x])),
+    "Sqrt": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, em.op("Mul", [_scalar(em, 2.0, y), y])])),
+    "Reciprocal": _elementwise(lambda em, x, y, dy: em.op("Neg", [em.op("Mul", [dy, em.op("Mul", [y, y])])])),
+    "Relu": _elementwise(_relu), "Sigmoid": _elementwise(_sigmoid), "Tanh": _elementwise(_tanh),
+    "Pow": _pow, "Identity": _identity, "Cast": _cast, "Dropout": _dropout,
+    "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
+    "Expand": _expand, "Transpose": _transpose,
+    "ReduceSum": _reduce(mean=False), "ReduceMean": _reduce(mean=True),
+    "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "MaxPool": _max_pool,
+    "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
+}
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 0
+
+
+def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[str]) -> None:
+    """Appends the gradient graph and ORT's accumulators to a training model, in place.
+
+    Args:
+      model: forward + loss, parameters as graph inputs, with
+        ``<param>_grad.accumulation.buffer`` and ``lazy_reset_grad`` inputs
+        (what :func:`jaxort.training.artifacts.build_training_model` makes).
+        Nodes are in topological order, as ONNX requires.
+      loss: the loss value (a graph output).
+      trainable: the trainable parameters, in graph input order.
+
+    Afterwards ``<param>_grad`` holds d loss / d param, and each
+    ``InPlaceAccumulatorV2(<param>_grad.accumulation.buffer, <param>_grad,
+    lazy_reset_grad)`` writes the buffer and outputs
+    ``<param>_grad.accumulation.out``, appended to the graph outputs in
+    ``trainable`` order. Forward nodes whose rule needs an optional output
+    (SoftmaxCrossEntropyLoss's log_prob, MaxPool's Indices) gain it.
+
+    Raises:
+      TrainingError: a node on the path from a trainable parameter to the
+        loss has no rule (or a form its rule does not cover), naming the node
+        and op; or the model's opset is below 13. The model is then unchanged.
+    """
+    opset = _default_opset(model)
+    if opset < MIN_OPSET:
+        raise TrainingError(f"cannot write the gradient graph ONNX Runtime needs: the model has opset "
+                            f"{opset}, and the gradient rules need opset {MIN_OPSET} or newer")
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    em = _Emitter(work, _shapes(work), opset)
+    forward = list(work.graph.node)
+
+    # Values that depend on a trainable parameter through floating-point tensors.
+    depends = set(trainable)
+    for node in forward:
+        if any(i in depends for i in node.input):
+            depends.update(o for o in node.output if o and em.shapes.get(o, (0,))[0] in _FLOAT_TYPES)
+    grads: dict = {}
+
+    def total(name: str) -> Optional[str]:
+        parts = grads.get(name)
+        if not parts:
+            return None
+        if len(parts) > 1:
+            grads[name] = [em.op("Sum", parts)]
+        return grads[name][0]
+
+    seed = em.op("ConstantOfShape", [em.op("Shape", [loss])],
+                 value=numpy_helper.from_array(np.ones(1, helper.tensor_dtype_to_np_dtype(em.elem_type(loss)))))
+    grads[loss] = [seed]
+    for node in reversed(forward):
+        dys = [total(o) if o else None for o in node.output]
+        if all(d is None for d in dys):
+            continue
+        needs = [bool(i) and i in depends for i in node.input]
+        if not any(needs):
+            continue
+        rule = RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if rule is None:
+            raise _error(node, "has no gradient rule in jaxort yet; ONNX Runtime would train the file "
+                               "with zero gradients, so none is written (jaxort's own artifacts still "
+                               "train in jaxort: generate_artifacts(..., gradient_graph=False))")
+        dxs = rule(em, node, dys, needs)
+        for x, dx, need in zip(node.input, dxs, needs):
+            if need and dx is not None:
+                grads.setdefault(x, []).append(dx)
+
+    g = work.graph
+    outputs = []
+    for p in trainable:
+        grad = total(p)
+        if grad is None:
+            grad = em.op("ConstantOfShape", [em.op("Shape", [p])], value=numpy_helper.from_array(
+                np.zeros(1, helper.tensor_dtype_to_np_dtype(em.elem_type(p)))))
+        em.nodes.append(helper.make_node("Identity", [grad], [gradient_name(p)], name=em.name("grad_of")))
+        out = f"{p}_grad.accumulation.out"
+        em.nodes.append(helper.make_node(
+            "InPlaceAccumulatorV2", [f"{p}_grad.accumulation.buffer", gradient_name(p), "lazy_reset_grad"],
+            [out], name=f"GradientAccumulator{len(outputs) + 1}", domain=_MS_DOMAIN))
+        outputs.append(helper.make_tensor_value_info(out, TensorProto.BOOL, [1]))
+    g.node.extend(em.nodes)
+    g.output.extend(outputs)
+    if not any(imp.domain == _MS_DOMAIN for imp in work.opset_import):
+        work.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
+    model.CopyFrom(work)
+
+
+_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})

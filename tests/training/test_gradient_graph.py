@@ -1,0 +1,269 @@
+"""The gradient graph generate_artifacts writes for ONNX Runtime (training/artifacts/gradient.py).
+
+The graph is standard ONNX up to ORT's InPlaceAccumulatorV2 nodes, so
+onnxruntime inference runs it: with the accumulators cut off and
+``<param>_grad`` made outputs, the gradients it computes are compared with
+what ONNX Runtime Training 1.19.2 recorded on its own artifacts (the golden
+runs' first accumulated gradients), and rule by rule with ``jax.grad`` of the
+same function written in jax.numpy here (not through jaxort's op handlers).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from jaxort import checkpoint as ckpt
+from jaxort.errors import TrainingError
+from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
+from jaxort.training.artifacts.gradient import RULES, add_gradient_graph, gradient_name
+
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
+CASES = ["mlp_adamw", "mlp_sgd", "mlp_frozen", "cnn_bce", "l1_gemm"]
+
+
+def _gradient_session(model: onnx.ModelProto, trainable) -> ort.InferenceSession:
+    """The training model with its accumulators cut off and the gradients as outputs."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    nodes = [n for n in m.graph.node if n.op_type != "InPlaceAccumulatorV2"]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    del m.graph.output[:]
+    m.graph.output.extend(helper.make_tensor_value_info(gradient_name(p), TensorProto.FLOAT, None)
+                          for p in trainable)
+    inputs = [i for i in m.graph.input
+              if not i.name.endswith("_grad.accumulation.buffer") and i.name != "lazy_reset_grad"]
+    del m.graph.input[:]
+    m.graph.input.extend(inputs)
+    kept = [o for o in m.opset_import if o.domain != "com.microsoft"]
+    del m.opset_import[:]
+    m.opset_import.extend(kept)
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gradients_equal_what_ort_computed_on_its_own_artifacts(case, tmp_path):
+    manifest = json.loads((GOLDEN / case / "manifest.json").read_text())
+    arts = generate_artifacts(GOLDEN / case / "model.onnx", requires_grad=manifest["requires_grad"],
+                              frozen_params=manifest["frozen_params"] or None,
+                              loss=LossType[manifest["loss"]["type"]], optimizer=OptimType.AdamW,
+                              artifact_directory=tmp_path)
+    model = onnx.load(arts.training_model)
+    trainable = manifest["requires_grad"]
+    accumulators = [n for n in model.graph.node if n.op_type == "InPlaceAccumulatorV2"]
+    assert [list(n.input) for n in accumulators] == [
+        [f"{p}_grad.accumulation.buffer", gradient_name(p), "lazy_reset_grad"] for p in trainable]
+    sess = _gradient_session(model, trainable)
+    start = ckpt.load(GOLDEN / case / "checkpoint")
+    batches = np.load(GOLDEN / case / "batches.npz")
+    names = [i.name for i in sess.get_inputs()]
+
+    def grads(index):
+        feeds = {**start.trainable, **start.frozen}
+        feeds.update({k.split("::")[1]: v[index] for k, v in batches.items() if k.startswith("train::")})
+        return sess.run(None, {n: feeds[n] for n in names})
+
+    got = grads(0)
+    if case == "mlp_sgd":  # its run accumulates two batches before each step
+        got = [a + b for a, b in zip(got, grads(1))]
+    snapshots = np.load(GOLDEN / case / "step_snapshots.npz")
+    for p, g in zip(trainable, got):
+        np.testing.assert_allclose(g, snapshots[f"step1::grad::{p}"], rtol=1e-5, atol=1e-7, err_msg=p)
+
+
+# --------------------------------------------------------------------------- rule by rule
+
+
+def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, atol=1e-5, seed=0):
+    """Gradients of sum(y * r) (y the last node's output) w.r.t. ``params``: ORT on the
+    emitted graph vs ``jax.grad`` of ``reference(params, data)``."""
+    y = nodes[-1].output[0]
+    rng = np.random.default_rng(seed)
+    ref_y = np.asarray(reference({k: jnp.asarray(v) for k, v in params.items()}, data))
+    r = rng.normal(size=ref_y.shape).astype(np.float32)
+    graph = helper.make_graph(
+        list(nodes) + [helper.make_node("Mul", [y, "r"], ["yr"]), helper.make_node("ReduceSum", ["yr"], ["loss"],
+                                                                                 keepdims=0)],
+        "g",
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for k, v in {**data, **params}.items()]
+        + [helper.make_tensor_value_info(f"{p}_grad.accumulation.buffer", TensorProto.FLOAT, v.shape)
+           for p, v in params.items()]
+        + [helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(r, "r")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    add_gradient_graph(model, "loss", list(params))
+    sess = _gradient_session(model, list(params))
+    feeds = {**data, **params}
+    got = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+
+    def objective(p):
+        return jnp.sum(reference(p, data) * r)
+
+    want = jax.grad(objective)({k: jnp.asarray(v) for k, v in params.items()})
+    for name, g in zip(params, got):
+        np.testing.assert_allclose(g, np.asarray(want[name]), rtol=rtol, atol=atol, err_msg=name)
+
+
+def _rand(*shape, seed=0, low=-1.0, high=1.0):
+    return np.random.default_rng(seed).uniform(low, high, shape).astype(np.float32)
+
+
+N = helper.make_node
+
+
+@pytest.mark.parametrize("op, fn", [("Add", jnp.add), ("Sub", jnp.subtract), ("Mul", jnp.multiply),
+                                    ("Div", jnp.divide)])
+@pytest.mark.parametrize("b_shape", [(3, 4), (4,), (1, 4), (3, 1), ()])
+def test_broadcasting_binary_ops(op, fn, b_shape):
+    a = _rand(3, 4, seed=1)
+    b = _rand(*b_shape, seed=2, low=0.5, high=2.0)
+    _check([N(op, ["a", "b"], ["y"])], {}, {"a": a, "b": b}, lambda p, d: fn(p["a"], p["b"]))
+
+
+@pytest.mark.parametrize("op, fn, low", [
+    ("Neg", jnp.negative, -1), ("Abs", jnp.abs, -1), ("Exp", jnp.exp, -1), ("Log", jnp.log, 0.5),
+    ("Sqrt", jnp.sqrt, 0.5), ("Reciprocal", jnp.reciprocal, 0.5), ("Relu", jax.nn.relu, -1),
+    ("Sigmoid", jax.nn.sigmoid, -3), ("Tanh", jnp.tanh, -2), ("Identity", lambda x: x, -1)])
+def test_elementwise_ops(op, fn, low):
+    x = _rand(3, 5, seed=3, low=low, high=2.0)
+    _check([N(op, ["x"], ["y"])], {}, {"x": x}, lambda p, d: fn(p["x"]))
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, 0.5])
+def test_pow_with_a_constant_exponent(exponent):
+    x = _rand(4, 3, seed=4, low=0.5, high=2.0)
+    nodes = [N("Constant", [], ["e"], value=numpy_helper.from_array(np.array(exponent, np.float32))),
+             N("Pow", ["x", "e"], ["y"])]
+    _check(nodes, {}, {"x": x}, lambda p, d: p["x"] ** exponent)
+
+
+@pytest.mark.parametrize("trans_a, trans_b, alpha, beta", [(0, 0, 1.0, 1.0), (0, 1, 0.5, 2.0), (1, 0, 1.0, 0.5),
+                                                            (1, 1, 2.0, 1.0)])
+def test_gemm(trans_a, trans_b, alpha, beta):
+    a = _rand(*((4, 3) if trans_a else (3, 4)), seed=5)
+    b = _rand(*((5, 4) if trans_b else (4, 5)), seed=6)
+    c = _rand(5, seed=7)
+
+    def ref(p, d):
+        aa = p["a"].T if trans_a else p["a"]
+        bb = p["b"].T if trans_b else p["b"]
+        return alpha * aa @ bb + beta * p["c"]
+
+    _check([N("Gemm", ["a", "b", "c"], ["y"], alpha=alpha, beta=beta, transA=trans_a, transB=trans_b)],
+           {}, {"a": a, "b": b, "c": c}, ref)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5))])
+def test_matmul(a_shape, b_shape):
+    a, b = _rand(*a_shape, seed=8), _rand(*b_shape, seed=9)
+    _check([N("MatMul", ["a", "b"], ["y"])], {}, {"a": a, "b": b}, lambda p, d: p["a"] @ p["b"])
+
+
+@pytest.mark.parametrize("strides, pads, dilations, size", [
+    ([1, 1], [0, 0, 0, 0], [1, 1], 8), ([2, 2], [1, 1, 1, 1], [1, 1], 8), ([2, 2], [0, 0, 0, 0], [1, 1], 9),
+    ([1, 2], [1, 0, 2, 1], [2, 1], 9)])
+def test_conv(strides, pads, dilations, size):
+    x = _rand(2, 3, size, size, seed=10)
+    w = _rand(4, 3, 3, 3, seed=11)
+    b = _rand(4, seed=12)
+
+    def ref(p, d):
+        y = jax.lax.conv_general_dilated(p["x"], p["w"], strides, [(pads[0], pads[2]), (pads[1], pads[3])],
+                                         rhs_dilation=dilations)
+        return y + p["b"][None, :, None, None]
+
+    _check([N("Conv", ["x", "w", "b"], ["y"], strides=strides, pads=pads, dilations=dilations)],
+           {}, {"x": x, "w": w, "b": b}, ref)
+
+
+def test_max_pool():
+    x = _rand(2, 3, 7, 7, seed=13)
+
+    def ref(p, d):
+        padded = jnp.pad(p["x"], ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-jnp.inf)
+        return jax.lax.reduce_window(padded, -jnp.inf, jax.lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "VALID")
+
+    _check([N("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])],
+           {}, {"x": x}, ref)
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reductions_and_shape_ops(keepdims):
+    x = _rand(2, 3, 4, seed=14)
+    axes = np.array([0, 2], np.int64)
+    nodes = [N("Constant", [], ["axes"], value=numpy_helper.from_array(axes)),
+             N("ReduceSum", ["x", "axes"], ["s"], keepdims=keepdims),
+             N("ReduceMean", ["x"], ["m"], axes=[-1], keepdims=keepdims),
+             N("Transpose", ["x"], ["t"], perm=[2, 0, 1]),
+             N("Flatten", ["t"], ["f"], axis=1),
+             N("ReduceSum", ["f"], ["fs"], keepdims=0),
+             N("Mul", ["m", "fs"], ["mf"]),
+             N("Mul", ["s", "s"], ["ss"]),
+             N("ReduceSum", ["ss"], ["sss"], keepdims=0),
+             N("Add", ["mf", "sss"], ["y"])]
+
+    def ref(p, d):
+        s = jnp.sum(p["x"], axis=(0, 2), keepdims=bool(keepdims))
+        m = jnp.mean(p["x"], axis=-1, keepdims=bool(keepdims))
+        return m * jnp.sum(p["x"]) + jnp.sum(s * s)
+
+    _check(nodes, {}, {"x": x}, ref)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_softmax_cross_entropy_loss(reduction, weighted):
+    scores = _rand(6, 4, seed=15, low=-2, high=2)
+    labels = np.array([0, 3, 1, -1, 2, 3], np.int64)  # -1: ignored
+    weights = np.array([0.5, 1.0, 2.0, 1.5], np.float32)
+    inputs = ["scores", "labels"] + (["weights"] if weighted else [])
+    data = {"labels": labels, **({"weights": weights} if weighted else {})}
+    node = N("SoftmaxCrossEntropyLoss", inputs, ["y"], reduction=reduction, ignore_index=-1)
+
+    def ref(p, d):
+        logp = jax.nn.log_softmax(p["scores"], axis=1)
+        keep = labels != -1
+        safe = np.where(keep, labels, 0)
+        w = (weights[safe] if weighted else np.ones(6, np.float32)) * keep
+        per = -logp[np.arange(6), safe] * w
+        if reduction == "none":
+            return per
+        return per.sum() / (w.sum() if reduction == "mean" else 1.0)
+
+    _check([node], data, {"scores": scores}, ref)
+
+
+def test_dropout_in_training_mode_uses_the_forward_mask():
+    x = _rand(4, 6, seed=16)
+    # Ratio 0 keeps every element, so the forward's mask is known here: all true.
+    data = {"ratio": np.array(0.0, np.float32), "training": np.array(True)}
+    _check([N("Dropout", ["x", "ratio", "training"], ["y"])], data, {"x": x}, lambda p, d: p["x"])
+    _check([N("Dropout", ["x"], ["y"])], {}, {"x": x}, lambda p, d: p["x"])  # no training_mode: identity
+
+
+def test_an_op_without_a_rule_is_named_and_the_model_left_as_it_was():
+    assert "Softmax" not in RULES
+    w = _rand(3, 3, seed=17)
+    graph = helper.make_graph(
+        [N("MatMul", ["x", "w"], ["h"], name="mm"), N("Softmax", ["h"], ["p"], name="probs"),
+         N("ReduceSum", ["p"], ["loss"], keepdims=0, name="sum")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    before = model.SerializeToString()
+    with pytest.raises(TrainingError, match=r"node 'probs' \(ai.onnx::Softmax\) has no gradient rule"):
+        add_gradient_graph(model, "loss", ["w"])
+    assert model.SerializeToString() == before
+    del w

@@ -1,0 +1,140 @@
+"""ONNX Runtime Training trains the artifacts jaxort writes: the golden runs, replayed in ORT.
+
+Run in the oracle environment (onnxruntime-training 1.19.2 beside jaxort)::
+
+    python tools/ort_trains_jaxort_artifacts.py [--out results.json]
+
+For each golden case in tests/fixtures/golden (written by ORT 1.19.2 on its own
+artifacts), jaxort's ``generate_artifacts`` writes artifacts from the case's
+model.onnx with the case's parameters, loss and optimizer; the case's recorded
+API calls are then replayed with ``onnxruntime.training.api`` on those files,
+and every loss, accumulated gradient and parameter is compared with what ORT
+recorded on its own artifacts. Prints one row per case and exits 1 if any
+difference is beyond rtol 1e-5 / atol 1e-5.
+
+mlp_frozen's optimizer is ``onnxblock.optim.AdamW(weight_decay=0.01)``: its
+optimizer model is jaxort's AdamW model with that attribute set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "fixtures" / "golden"
+CASES = ["mlp_adamw", "mlp_sgd", "mlp_frozen", "cnn_bce", "l1_gemm"]
+RTOL = ATOL = 1e-5
+
+
+def _generate(case: str, manifest: dict, out: pathlib.Path) -> None:
+    loss = manifest["loss"]
+    loss = LossType[loss if isinstance(loss, str) else loss["type"]]
+    optimizer = manifest["optimizer"]
+    kind = optimizer if isinstance(optimizer, str) else optimizer.get("type", optimizer.get("op_type"))
+    optim = OptimType.SGD if "SGD" in str(kind) else OptimType.AdamW
+    generate_artifacts(str(GOLDEN / case / "model.onnx"), requires_grad=manifest["requires_grad"],
+                       frozen_params=manifest["frozen_params"] or None, loss=loss, optimizer=optim,
+                       artifact_directory=out)
+    if case == "mlp_frozen":
+        model = onnx.load(out / "optimizer_model.onnx")
+        (node,) = model.graph.node
+        for attr in node.attribute:
+            if attr.name == "weight_decay":
+                attr.CopyFrom(helper.make_attribute("weight_decay", 0.01))
+        onnx.save(model, out / "optimizer_model.onnx")
+
+
+def _batch(batches, names, spec):
+    if spec["split"] == "train":
+        return [batches[f"train::{n}"][spec["index"]] for n in names]
+    return [batches[f"eval::{n}"] for n in names]
+
+
+def _close(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    excess = np.abs(got - want) - (ATOL + RTOL * np.abs(want))
+    return float(np.abs(got - want).max()) if (excess <= 0).all() else float("inf")
+
+
+def replay(case: str) -> dict:
+    from onnxruntime.training import api as ort_api
+
+    folder = GOLDEN / case
+    manifest = json.loads((folder / "manifest.json").read_text())
+    traj = json.loads((folder / "trajectory.json").read_text())
+    batches = np.load(folder / "batches.npz")
+    snaps = np.load(folder / "step_snapshots.npz")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp)
+        _generate(case, manifest, out)
+        state = module = optimizer = scheduler = None
+        worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
+        steps = 0
+        for call in traj["calls"]:
+            kind = call["call"]
+            if kind == "CheckpointState.load_checkpoint":
+                state = ort_api.CheckpointState.load_checkpoint(str(out / "checkpoint"))
+            elif kind == "Module.__init__":
+                module = ort_api.Module(str(out / "training_model.onnx"), state,
+                                        str(out / "eval_model.onnx"), device="cpu")
+            elif kind == "Optimizer.__init__":
+                optimizer = ort_api.Optimizer(str(out / "optimizer_model.onnx"), module)
+            elif kind == "optimizer.set_learning_rate":
+                optimizer.set_learning_rate(call["args"]["learning_rate"])
+            elif kind == "LinearLRScheduler.__init__":
+                scheduler = ort_api.LinearLRScheduler(optimizer, **call["args"])
+            elif kind == "module.train":
+                module.train()
+            elif kind == "module.eval":
+                module.eval()
+            elif kind == "module.__call__":
+                names = module.input_names()
+                result = module(*_batch(batches, names, call["batch"]))
+                loss = result[0] if isinstance(result, (list, tuple)) else result
+                worst["loss"] = max(worst["loss"], _close(loss, call["result"]["loss"]))
+            elif kind == "optimizer.step":
+                steps += 1
+                for name in manifest["requires_grad"]:
+                    worst["grad"] = max(worst["grad"], _close(state.parameters[name].grad,
+                                                              snaps[f"step{steps}::grad::{name}"]))
+                optimizer.step()
+                for name, param in state.parameters:
+                    worst["param"] = max(worst["param"], _close(param.data, snaps[f"step{steps}::param::{name}"]))
+            elif kind == "scheduler.step":
+                scheduler.step()
+            elif kind == "module.lazy_reset_grad":
+                module.lazy_reset_grad()
+        return {"case": case, "optimizer_steps": steps, **{f"max_{k}_diff": v for k, v in worst.items()}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = [replay(case) for case in CASES]
+    print("| case | optimizer steps | max loss diff | max gradient diff | max parameter diff |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['case']} | {r['optimizer_steps']} | {r['max_loss_diff']:.3g} | "
+              f"{r['max_grad_diff']:.3g} | {r['max_param_diff']:.3g} |")
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))
+    ok = all(np.isfinite([r["max_loss_diff"], r["max_grad_diff"], r["max_param_diff"]]).all() for r in rows)
+    print("all within rtol 1e-5 / atol 1e-5" if ok else "DIFFERENCES beyond rtol 1e-5 / atol 1e-5")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
