@@ -85,21 +85,25 @@ class Module:
         """Runs a train step (training mode) or an eval step (eval mode).
 
         Args:
-          *user_inputs: user inputs then labels, as numpy (or JAX) arrays.
+          *user_inputs: user inputs then labels: numpy or JAX arrays, or
+            OrtValues (:class:`OrtValue` or onnxruntime's).
 
         Returns:
-          One numpy array when the model has one output, else a tuple
-          (ORT returns OrtValues when given OrtValues; jaxort always returns
-          numpy).
+          One output when the model has one, else a tuple: numpy arrays, or
+          :class:`OrtValue` when every input was an OrtValue (as ORT does).
 
         Raises:
           InputError: wrong inputs.
           StateError: eval mode without an eval model; nominal state.
         """
+        ort_values = [_is_ort_value(x) for x in user_inputs]
+        inputs = tuple(x.numpy() if is_value else x for x, is_value in zip(user_inputs, ort_values))
         if self.training:
-            outputs = self._run(lambda st: st.train_step(user_inputs))
+            outputs = self._run(lambda st: st.train_step(inputs))
         else:
-            outputs = self._run(lambda st: st.eval_step(user_inputs))
+            outputs = self._run(lambda st: st.eval_step(inputs))
+        if ort_values and all(ort_values):
+            outputs = tuple(OrtValue(np.asarray(o)) for o in outputs)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def train(self, mode: bool = True) -> "Module":
@@ -146,7 +150,7 @@ class Module:
           InputError: wrong size or dtype.
           StateError: ``trainable_only`` on a nominal state.
         """
-        if hasattr(buffer, "numpy") and not isinstance(buffer, np.ndarray):
+        if _is_ort_value(buffer):
             buffer = buffer.numpy()
         trainable_only = _flag(trainable_only, "trainable_only")
         self._run(lambda st: st.buffer_to_parameters(buffer, trainable_only))
@@ -292,3 +296,9 @@ def _names(value: Any) -> list:
             not all(isinstance(n, str) for n in value):
         raise InputError(f"graph_output_names must be a list of str, got {value!r}")
     return list(value)
+
+
+def _is_ort_value(x: Any) -> bool:
+    """An OrtValue: jaxort's, or onnxruntime's (Python wrapper or C value)."""
+    return isinstance(x, OrtValue) or (not isinstance(x, np.ndarray) and callable(getattr(x, "numpy", None))
+                                       and callable(getattr(x, "data_type", None)))

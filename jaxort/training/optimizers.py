@@ -400,10 +400,19 @@ def optimizer_from_model(model) -> OrtOptimizer:
 
     Raises:
       TrainingError: the model has no known optimizer node
-        (``com.microsoft::AdamWOptimizer`` or ``com.microsoft::SGDOptimizerV2``).
+        (``com.microsoft::AdamWOptimizer`` or ``com.microsoft::SGDOptimizerV2``),
+        or other nodes beside it (such as onnxblock's ``InplaceClipGradNorm``).
     """
     nodes = [n for n in model.graph.node if n.op_type not in ("Constant", "Identity")]
     known = {"AdamWOptimizer": "AdamW", "SGDOptimizerV2": "SGD"}
+    # Anything beside the optimizer node (onnxblock's ClipGradNorm writes an
+    # InplaceClipGradNorm before it) would change the update: refused, never skipped.
+    others = [n for n in nodes if n.op_type not in known]
+    if others and len(others) < len(nodes):
+        found = ", ".join(f"{n.name!r} ({n.domain or 'ai.onnx'}::{n.op_type})" for n in others)
+        raise TrainingError(
+            f"the optimizer model has nodes beside its optimizer node that jaxort does not apply: {found}; "
+            "for gradient clipping, chain optax.clip_by_global_norm before the optimizer in jaxort.training")
     for node in nodes:
         if node.op_type in known and node.domain in ("com.microsoft", ""):
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}

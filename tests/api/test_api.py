@@ -312,6 +312,25 @@ def test_contiguous_parameters_are_an_ortvalue_as_in_ort(frozen_artifacts):
         OrtValue.ortvalue_from_numpy(host, "cuda")
 
 
+def test_ortvalue_inputs_give_ortvalue_outputs_as_in_ort(frozen_artifacts):
+    # ORT's Module.__call__ takes OrtValues, and returns OrtValues when no input is numpy.
+    from jaxort.api import OrtValue
+
+    a = frozen_artifacts
+    _, module, _ = _setup(a)
+    x, y = a.batch(0)
+    module.eval()
+    want = module(x, y)
+    assert isinstance(want, np.ndarray)
+    for make in (OrtValue.ortvalue_from_numpy, onnxruntime.OrtValue.ortvalue_from_numpy):
+        got = module(make(x), make(y))
+        assert isinstance(got, OrtValue)
+        np.testing.assert_array_equal(got.numpy(), want)
+    mixed = module(OrtValue.ortvalue_from_numpy(x), y)  # a numpy input: numpy out
+    assert isinstance(mixed, np.ndarray)
+    np.testing.assert_array_equal(mixed, want)
+
+
 def test_copy_buffer_layout_matches_ort(frozen_artifacts):
     a = frozen_artifacts
     state, module, opt = _setup(a)

@@ -374,6 +374,7 @@ def test_a_model_made_with_a_jax_loss_needs_that_loss_to_train(tmp_path):
     (dict(loss="MSELoss"), "unknown loss"),
     (dict(loss=LossType.MSELoss, optimizer="SGD"), "unknown optimizer"),
     (dict(loss=LossType.MSELoss, ort_format=True), "ort_format"),
+    (dict(loss=LossType.MSELoss, custom_op_library="libcustom.so"), "custom_op_library"),
     (dict(loss=LossType.MSELoss, loss_input_names=["missing"]), "missing"),
 ])
 def test_errors(kwargs, message, tmp_path):

@@ -123,6 +123,20 @@ def test_unknown_optimizer_op_is_a_clear_error():
         optimizer_from_model(model)
 
 
+def test_nodes_beside_the_optimizer_node_are_refused_not_skipped():
+    # onnxblock.optim.AdamW(clip_grad=ClipGradNorm(1.0)) puts an InplaceClipGradNorm on the
+    # gradients before AdamWOptimizer; reading the model as plain AdamW would not clip.
+    model = onnx.load(GOLDEN / "mlp_adamw" / "optimizer_model.onnx")
+    (adamw,) = model.graph.node
+    clip = helper.make_node("InplaceClipGradNorm", ["gradients"], ["clipped"], name="clip",
+                            domain="com.microsoft", max_norm=1.0, norm_type="fro")
+    adamw.input[3] = "clipped"
+    model.graph.node.insert(0, clip)
+    with pytest.raises(TrainingError, match=r"'clip' \(com.microsoft::InplaceClipGradNorm\).*"
+                                            r"optax.clip_by_global_norm"):
+        optimizer_from_model(model)
+
+
 def test_linear_schedule_matches_ort_formula():
     for lr0, warmup, total in [(0.05, 2, 6), (1.0, 0, 4), (0.3, 5, 5), (0.1, 3, 10)]:
         s = jax.jit(linear_lr_schedule(lr0, warmup, total))
