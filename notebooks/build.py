@@ -2,7 +2,7 @@
 
 A source is a Python script in the "percent" format: ``# %%`` starts a code
 cell, ``# %% [markdown]`` a markdown cell whose lines start with ``# ``. The
-script runs as is (``python notebooks/src/quickstart.py``), diffs cleanly,
+script runs as is (``python notebooks/src/01_quickstart.py``), diffs cleanly,
 and this builder turns it into ``notebooks/<name>.ipynb`` (nbformat 4.5, no
 outputs, deterministic cell ids) with the standard library only::
 
