@@ -215,13 +215,13 @@ def test_generate_artifacts_then_inspect_then_export(tmp_path, capsys):
 
 
 def test_generate_artifacts_names_an_op_without_a_gradient_rule(tmp_path, capsys):
-    # Softmax has no gradient rule for ONNX Runtime's graph yet: one error line naming the
+    # Hardmax has no gradient rule for ONNX Runtime's graph yet: one error line naming the
     # node; --no-gradient-graph writes the jaxort-only files instead.
     rng = np.random.default_rng(0)
     w = onnx.numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-         onnx.helper.make_node("Softmax", ["h"], ["y"], name="probs")], "g",
+         onnx.helper.make_node("Hardmax", ["h"], ["y"], name="probs")], "g",
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])], [w])
     model = tmp_path / "m.onnx"
@@ -229,7 +229,7 @@ def test_generate_artifacts_names_an_op_without_a_gradient_rule(tmp_path, capsys
     args = ["generate-artifacts", str(model), "--requires-grad", "w", "--loss", "MSELoss"]
     assert main(args + ["-o", str(tmp_path / "a")]) == 1
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "'probs' (ai.onnx::Softmax) has no gradient rule" in err
+    assert len(err.strip().splitlines()) == 1 and "'probs' (ai.onnx::Hardmax) has no gradient rule" in err
     assert not (tmp_path / "a").exists() or not list((tmp_path / "a").iterdir())
     assert main(args + ["--no-gradient-graph", "-o", str(tmp_path / "b")]) == 0
     train = onnx.load(tmp_path / "b" / "training_model.onnx")

@@ -75,6 +75,10 @@ class _Emitter:
                 return name
 
     def op(self, op_type: str, inputs: Sequence[str], n_out: int = 1, domain: str = "", **attrs):
+        if op_type == "Transpose" and list(attrs.get("perm", [0, 1])) == list(range(len(attrs.get("perm", [])))):
+            # No identity transposes: with one (perm [0, 1]) before a ScatterND, ORT 1.19.2's
+            # training session ran the ScatterND on transposed updates; without it, it trains.
+            return inputs[0]
         outs = [self.name(op_type) for _ in range(n_out)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=self.name(f"{op_type}_node"),
                                            domain=domain or None, **attrs))
@@ -151,13 +155,27 @@ def _unbroadcast(em: _Emitter, node, dy: str, x: str, y: str) -> str:
             continue
         if dx_ == 1:
             axes.append(lead + i)
-        else:
-            raise _error(node, f"broadcasts input {x!r} (shape {sx}) to {sy} along a dimension "
-                               "whose size is not known: give the model static shapes")
+        elif isinstance(dx_, int) and isinstance(dy_, int):
+            raise _error(node, f"broadcasts input {x!r} of shape {sx} to {sy}")
+        else:  # a dimension of unknown size: which axes broadcast is decided at run time
+            return _unbroadcast_at_run_time(em, dy, x, y, lead)
     if not axes:
         return dy
     reduced = em.op("ReduceSum", [dy, em.ints(axes)], keepdims=1)
     return em.op("Reshape", [reduced, em.op("Shape", [x])]) if lead else reduced
+
+
+def _unbroadcast_at_run_time(em: _Emitter, dy: str, x: str, y: str, lead: int) -> str:
+    # Sum over the axes where x (its shape padded with leading ones) is 1 and y is not.
+    one = em.ints([1])
+    shape_x = em.op("Shape", [x])
+    if lead:
+        shape_x = em.op("Concat", [em.ints([1] * lead), shape_x], axis=0)
+    shape_y = em.op("Shape", [y])
+    broadcast = em.op("And", [em.op("Equal", [shape_x, one]), em.op("Not", [em.op("Equal", [shape_y, one])])])
+    axes = em.op("Reshape", [em.op("NonZero", [broadcast]), em.ints([-1])])
+    reduced = em.op("ReduceSum", [dy, axes], keepdims=1, noop_with_empty_axes=1)
+    return em.op("Reshape", [reduced, em.op("Shape", [x])])
 
 
 def _scalar(em: _Emitter, value: float, like: str) -> str:
@@ -312,24 +330,29 @@ def _reduce(mean: bool) -> Callable:
 def _matmul(em, node, dys, needs):
     a, b = node.input
     dy = dys[0]
-    sa, sb = em.dims(a), em.dims(b)
-    if sa is None or sb is None or len(sa) < 2 or len(sb) < 2:
+    sa, sb, sy = em.dims(a), em.dims(b), em.dims(node.output[0])
+    if sa is None or sb is None or sy is None or len(sa) < 2 or len(sb) < 2:
         raise _error(node, "has a 1-D or unknown-rank input")
+
+    def batch_sum(full, x, sx):
+        # Sum over the batch dimensions x was broadcast along (decided at run time
+        # unless x's batch dimensions are statically the output's).
+        lead = len(sy) - len(sx)
+        if lead == 0 and sx[:-2] == sy[:-2]:
+            return full
+        return _unbroadcast_at_run_time(em, full, x, full, lead)
+
     da = db = None
     if needs[0]:
-        if len(sa) < len(sb):
-            raise _error(node, "broadcasts its first input over batch dimensions")
-        da = em.op("MatMul", [dy, _transpose_last2(em, node, b)])
+        da = batch_sum(em.op("MatMul", [dy, _transpose_last2(em, node, b)]), a, sa)
     if needs[1]:
         if len(sb) == 2:
             # a: [..., m, k] -> [M, k]; dy: [..., m, n] -> [M, n]; db = a^T dy.
             a2 = em.op("Reshape", [a, em.op("Concat", [em.ints([-1]), _last_dim(em, a)], axis=0)])
             dy2 = em.op("Reshape", [dy, em.op("Concat", [em.ints([-1]), _last_dim(em, dy)], axis=0)])
             db = em.op("MatMul", [em.op("Transpose", [a2], perm=[1, 0]), dy2])
-        elif len(sa) == len(sb) and sa[:-2] == sb[:-2]:
-            db = em.op("MatMul", [_transpose_last2(em, node, a), dy])
         else:
-            raise _error(node, "broadcasts its second input over batch dimensions")
+            db = batch_sum(em.op("MatMul", [_transpose_last2(em, node, a), dy]), b, sb)
     return [da, db]
 
 
@@ -504,6 +527,148 @@ def _identity(em, node, dys, needs):
     return [dys[0]]
 
 
+def _axis(em, node, default: int) -> int:
+    dims = em.dims(node.input[0])
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    return int(_attrs(node).get("axis", default)) % len(dims)
+
+
+def _softmax(em, node, dys, needs):
+    # dx = y * (dy - sum(dy * y, axis))
+    if em.opset < 13:
+        raise _error(node, "is a Softmax of opset < 13 (the 2-D coerced form)")
+    y, dy = node.output[0], dys[0]
+    axis = em.ints([_axis(em, node, -1)])
+    total = em.op("ReduceSum", [em.op("Mul", [dy, y]), axis], keepdims=1)
+    return [em.op("Mul", [y, em.op("Sub", [dy, total])])]
+
+
+def _log_softmax(em, node, dys, needs):
+    # dx = dy - exp(y) * sum(dy, axis)
+    if em.opset < 13:
+        raise _error(node, "is a LogSoftmax of opset < 13 (the 2-D coerced form)")
+    y, dy = node.output[0], dys[0]
+    total = em.op("ReduceSum", [dy, em.ints([_axis(em, node, -1)])], keepdims=1)
+    return [em.op("Sub", [dy, em.op("Mul", [em.op("Exp", [y]), total])])]
+
+
+def _erf(em, x, y, dy):
+    # d erf(x) = 2 / sqrt(pi) * exp(-x^2)
+    gauss = em.op("Exp", [em.op("Neg", [em.op("Mul", [x, x])])])
+    return em.op("Mul", [dy, em.op("Mul", [_scalar(em, 2.0 / np.sqrt(np.pi), x), gauss])])
+
+
+def _gather(em, node, dys, needs):
+    data, indices = node.input[:2]
+    if em.opset < 16:
+        raise _error(node, f"needs opset 16 or newer for its gradient (the model has {em.opset})")
+    axis = _axis(em, node, 0)
+    rank, index_rank = len(em.dims(data)), em.dims(indices)
+    if index_rank is None:
+        raise _error(node, "has indices of unknown rank")
+    index_rank = len(index_rank)
+    # Along axis 0, rows of dy add into the rows they were gathered from (an index may
+    # repeat); another axis is moved first, and back. Negative indices count from the end.
+    dy = dys[0]
+    to_front = [axis] + [i for i in range(rank) if i != axis]
+    if axis:
+        data_t = em.op("Transpose", [data], perm=to_front)
+        dy = em.op("Transpose", [dy], perm=list(range(axis, axis + index_rank)) + list(range(axis))
+                   + list(range(axis + index_rank, rank + index_rank - 1)))
+    else:
+        data_t = data
+    # Scalars, so that a scalar index keeps its rank.
+    rows = em.op("Gather", [em.op("Shape", [data]), em.const(np.int64(axis), TensorProto.INT64)])
+    index = em.op("Cast", [indices], to=TensorProto.INT64)
+    zero = em.const(np.int64(0), TensorProto.INT64)
+    index = em.op("Where", [em.op("Less", [index, zero]), em.op("Add", [index, rows]), index])
+    zeros = em.op("ConstantOfShape", [em.op("Shape", [data_t])], value=numpy_helper.from_array(
+        np.zeros(1, helper.tensor_dtype_to_np_dtype(em.elem_type(data)))))
+    dx = em.op("ScatterND", [zeros, em.op("Unsqueeze", [index, em.ints([-1])]), dy], reduction="add")
+    if axis:
+        dx = em.op("Transpose", [dx], perm=[int(i) for i in np.argsort(to_front)])
+    return [dx, None]
+
+
+def _concat(em, node, dys, needs):
+    dims = em.dims(node.output[0])
+    if dims is None:
+        raise _error(node, "has an output of unknown rank")
+    axis = int(_attrs(node)["axis"]) % len(dims)
+    shapes = [em.op("Shape", [x]) for x in node.input]
+    sizes = em.op("Concat", [em.op("Gather", [s, em.ints([axis])]) for s in shapes], axis=0)
+    parts = em.op("Split", [dys[0], sizes], n_out=len(node.input), axis=axis)
+    parts = [parts] if isinstance(parts, str) else parts
+    return [part if need else None for part, need in zip(parts, needs)]
+
+
+def _split(em, node, dys, needs):
+    # dx: the outputs' gradients joined again, zeros where an output does not reach the loss.
+    dims = em.dims(node.input[0])
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    axis = int(_attrs(node).get("axis", 0)) % len(dims)
+    t = em.elem_type(node.input[0])
+    parts = []
+    for out, dy in zip(node.output, dys):
+        if dy is None:
+            dy = em.op("ConstantOfShape", [em.op("Shape", [out])], value=numpy_helper.from_array(
+                np.zeros(1, helper.tensor_dtype_to_np_dtype(t))))
+        parts.append(dy)
+    return [em.op("Concat", parts, axis=axis)] + [None] * (len(node.input) - 1)
+
+
+def _global_average_pool(em, node, dys, needs):
+    x, y = node.input[0], node.output[0]
+    t = em.elem_type(x)
+    count = em.op("Div", [em.op("Cast", [em.op("Size", [x])], to=t), em.op("Cast", [em.op("Size", [y])], to=t)])
+    return [em.op("Div", [em.op("Expand", [dys[0], em.op("Shape", [x])]), count])]
+
+
+def _mean_over(em, x: str, axes: Sequence[int]) -> str:
+    if em.opset >= 18:
+        return em.op("ReduceMean", [x, em.ints(axes)], keepdims=1)
+    return em.op("ReduceMean", [x], axes=list(axes), keepdims=1)
+
+
+def _layer_normalization(em, node, dys, needs):
+    # y = xhat * scale + bias, xhat = (x - mean) * invstd over the axes from `axis` on.
+    # dx = invstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * scale.
+    if any(d is not None for d in dys[1:]):
+        raise _error(node, "has its Mean or InvStdDev output on the path to the loss")
+    x, scale = node.input[:2]
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    dims = em.dims(x)
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    attrs = _attrs(node)
+    axis = int(attrs.get("axis", -1)) % len(dims)
+    eps = float(attrs.get("epsilon", 1e-5))
+    if int(attrs.get("stash_type", 1)) != 1 or em.elem_type(x) != TensorProto.FLOAT:
+        raise _error(node, "is not a float32 LayerNormalization")
+    axes = list(range(axis, len(dims)))
+    dy = dys[0]
+    centered = em.op("Sub", [x, _mean_over(em, x, axes)])
+    var = _mean_over(em, em.op("Mul", [centered, centered]), axes)
+    invstd = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [var, _scalar(em, eps, x)])])])
+    xhat = em.op("Mul", [centered, invstd])
+    out = [None] * len(node.input)
+    if needs[0]:
+        g = em.op("Mul", [dy, scale])
+        inner = em.op("Sub", [em.op("Sub", [g, _mean_over(em, g, axes)]),
+                              em.op("Mul", [xhat, _mean_over(em, em.op("Mul", [g, xhat]), axes)])])
+        out[0] = em.op("Mul", [invstd, inner])
+    for i, (param, value) in enumerate(((scale, lambda: em.op("Mul", [dy, xhat])), (bias, lambda: dy)), 1):
+        if param is None or not needs[i]:
+            continue
+        if em.dims(param) != dims[axis:]:
+            raise _error(node, f"has a {'scale' if i == 1 else 'bias'} of shape {em.dims(param)}, "
+                               f"not the normalized shape {dims[axis:]}")
+        out[i] = em.op("ReduceSum", [value(), em.ints(list(range(axis)))], keepdims=0) if axis else value()
+    return out
+
+
 #: op type -> rule, for default-domain nodes on the path from a parameter to the loss.
 RULES: dict = {
     "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Sum": _sum,
@@ -520,6 +685,9 @@ RULES: dict = {
     "ReduceSum": _reduce(mean=False), "ReduceMean": _reduce(mean=True),
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "MaxPool": _max_pool,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
+    "Softmax": _softmax, "LogSoftmax": _log_softmax, "Erf": _elementwise(_erf),
+    "Gather": _gather, "Concat": _concat, "Split": _split,
+    "GlobalAveragePool": _global_average_pool, "LayerNormalization": _layer_normalization,
 }
 
 
