@@ -434,7 +434,8 @@ def _train(api, case, directory: pathlib.Path, steps: int) -> dict:
         losses.append(float(np.asarray(module(*inputs, *labels))))
         optimizer.step()
         module.lazy_reset_grad()
-    params = {name: np.asarray(p.data) for name, p in state.parameters.items()}
+    # (name, Parameter) pairs, as ORT's Parameters iterate (it has no items()).
+    params = {name: np.asarray(p.data) for name, p in sorted(state.parameters, key=lambda item: item[0])}
     return {"losses": np.asarray(losses), "parameters": params}
 
 
