@@ -116,14 +116,6 @@ def test_artifacts_match_ort_generated(case, tmp_path):
     args["loss"] = LossType[args["loss"]]
     args["optimizer"] = OptimType[args["optimizer"]]
     ref = ORT_GENERATED / case
-    if case == "bn_dropout_bce_sgd":
-        # BatchNormalization has no gradient rule yet: the default refuses, naming the
-        # node, and gradient_graph=False writes jaxort-only files.
-        with pytest.raises(TrainingError, match=r"'bn' \(ai.onnx::BatchNormalization\) has no "
-                                                       r"gradient rule"):
-            generate_artifacts(ref / "model.onnx", artifact_directory=tmp_path, **args)
-        assert not list(tmp_path.iterdir())
-        args["gradient_graph"] = False
     arts = generate_artifacts(ref / "model.onnx", artifact_directory=tmp_path, **args)
 
     kwargs = {k: args.get(k) for k in ("additional_output_names", "loss_input_names", "gradient_graph")}

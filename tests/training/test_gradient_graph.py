@@ -372,3 +372,64 @@ def test_no_identity_transposes_are_written():
     perms = [list(helper.get_attribute_value(a)) for n in model.graph.node if n.name.startswith("jaxort_grad")
              and n.op_type == "Transpose" for a in n.attribute if a.name == "perm"]
     assert all(p != sorted(p) for p in perms), perms
+
+
+def test_depthwise_conv():
+    x = _rand(2, 3, 7, 7, seed=33)
+    w = _rand(3, 1, 3, 3, seed=34)
+
+    def ref(p, d):
+        return jax.lax.conv_general_dilated(p["x"], p["w"], (2, 2), [(1, 1), (1, 1)], feature_group_count=3)
+
+    _check([N("Conv", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1], group=3)], {}, {"x": x, "w": w}, ref)
+
+
+def test_batch_normalization_trains_with_batch_statistics_as_ort_writes_it():
+    from jaxort.training.artifacts.gradient import to_batch_norm_internal
+
+    x = _rand(4, 3, 5, 5, seed=35, low=-2, high=2)
+    scale, bias = _rand(3, seed=36, low=0.5, high=1.5), _rand(3, seed=37)
+    mean, var = np.zeros(3, np.float32), np.ones(3, np.float32)
+    data = {"mean": mean, "var": var}
+    nodes = [N("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], epsilon=1e-5)]
+
+    def ref(p, d):
+        mu = jnp.mean(p["x"], axis=(0, 2, 3), keepdims=True)
+        v = jnp.mean((p["x"] - mu) ** 2, axis=(0, 2, 3), keepdims=True)
+        return ((p["x"] - mu) / jnp.sqrt(v + 1e-5) * p["scale"][None, :, None, None]
+                + p["bias"][None, :, None, None])
+
+    # The training-form node ORT writes (com.microsoft::BatchNormInternal) has no kernel in
+    # onnxruntime inference; its forward is checked by jaxort's op tests. Here its gradient
+    # rule runs with the forward node swapped back for a training-mode BatchNormalization,
+    # whose saved statistics are computed in the test.
+    r = _rand(4, 3, 5, 5, seed=38)  # sum(y) alone would have a zero gradient in x
+    graph = helper.make_graph(nodes + [N("Mul", ["y", "r"], ["yr"]), N("ReduceSum", ["yr"], ["loss"], keepdims=0)],
+                              "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
+                                    for k, v in {"x": x, "scale": scale, "bias": bias, **data}.items()],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(r, "r")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    to_batch_norm_internal(model)
+    (bn,) = [n for n in model.graph.node if n.op_type == "BatchNormInternal"]
+    assert bn.domain == "com.microsoft" and len(bn.output) == 5
+    add_gradient_graph(model, "loss", ["x", "scale", "bias"])
+    # Replace the forward node by its math in standard ops (batch statistics).
+    mu = x.mean(axis=(0, 2, 3))
+    inv = 1.0 / np.sqrt(x.var(axis=(0, 2, 3)) + 1e-5)
+    forward = [n for n in model.graph.node if n.op_type == "BatchNormInternal"][0]
+    replacement = [
+        N("Constant", [], [forward.output[3]], value=numpy_helper.from_array(mu.astype(np.float32))),
+        N("Constant", [], [forward.output[4]], value=numpy_helper.from_array(inv.astype(np.float32))),
+        N("BatchNormalization", ["x", "scale", "bias", forward.output[3],
+                                 "bn_var"], [forward.output[0]], epsilon=0.0),
+        N("Constant", [], ["bn_var"], value=numpy_helper.from_array((1.0 / inv ** 2).astype(np.float32)))]
+    nodes_after = [n for n in model.graph.node if n is not forward]
+    del model.graph.node[:]
+    model.graph.node.extend(replacement[3:] + replacement[:3] + nodes_after)
+    sess = _gradient_session(model, ["x", "scale", "bias"])
+    feeds = {"x": x, "scale": scale, "bias": bias, **data}
+    got = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+    want = jax.grad(lambda p: jnp.sum(ref(p, None) * r))({"x": x, "scale": scale, "bias": bias})
+    for name, g in zip(["x", "scale", "bias"], got):
+        np.testing.assert_allclose(g, np.asarray(want[name]), rtol=1e-4, atol=2e-5, err_msg=name)

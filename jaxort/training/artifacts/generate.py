@@ -10,8 +10,11 @@ model, optimizer model and checkpoint load in ONNX Runtime unchanged.
 The training model holds a gradient graph for ONNX Runtime
 (:mod:`jaxort.training.artifacts.gradient`): one rule per forward node in
 standard ONNX ops, ending in ORT's ``InPlaceAccumulatorV2`` per trainable
-parameter, so ORT's ``Module`` trains the files. jaxort itself never runs
-it (it differentiates the forward + loss graph with ``jax.grad``). Where a
+parameter, so ORT's ``Module`` trains the files; BatchNormalization nodes
+become ORT's ``com.microsoft::BatchNormInternal`` there, as in ORT's files
+(batch statistics, running statistics written back). jaxort itself never
+runs the gradient graph (it differentiates the forward + loss graph with
+``jax.grad``). Where a
 node on the loss path has no rule yet, :func:`generate_artifacts` raises a
 TrainingError naming it before writing anything; ``gradient_graph=False``
 writes jaxort-only artifacts instead, whose accumulator outputs come from one
@@ -44,7 +47,7 @@ from jaxort import checkpoint as _ckpt
 from jaxort.errors import TrainingError
 from jaxort.graph import load_model
 from jaxort.training.artifacts.export import trim_inference_batchnorm_outputs
-from jaxort.training.artifacts.gradient import add_gradient_graph
+from jaxort.training.artifacts.gradient import add_gradient_graph, to_batch_norm_internal
 from jaxort.training.artifacts.read import CUSTOM_LOSS_KEY, CUSTOM_LOSS_LABELS_KEY, loss_label_names
 
 __all__ = [
@@ -409,6 +412,7 @@ def _build(model, requires_grad, frozen_params, loss, additional_output_names, l
                             "as the model's first output); a JAX callable loss only trains in jaxort")
     order = [vi.name for vi in training_model.graph.input if vi.name in trainable]
     if gradient_graph and order:
+        to_batch_norm_internal(training_model)
         add_gradient_graph(training_model, outputs[0], order)
     else:
         _mark_no_gradient_graph(training_model, order)

@@ -38,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
 
-__all__ = ["RULES", "add_gradient_graph", "gradient_name"]
+__all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
 
 # The lowest default-domain opset the rules are written for (ReduceSum and
 # Unsqueeze take axes as an input from 13); MaxPool's needs 16 (ScatterElements
@@ -97,12 +97,23 @@ class _Emitter:
         return self.shapes[value][0]
 
     def dims(self, value: str) -> Optional[list]:
-        return self.shapes[value][1]
+        return self.shapes.get(value, (0, None))[1]
 
 
 def _shapes(model: onnx.ModelProto) -> dict:
     """name -> (elem_type, dims or None); a dim is an int, a dim_param string, or None."""
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    # onnx's shape inference does not know BatchNormInternal; its output 0 has the shape
+    # of a BatchNormalization's.
+    plain = onnx.ModelProto()
+    plain.CopyFrom(model)
+    for node in plain.graph.node:
+        if node.op_type == "BatchNormInternal" and node.domain == _MS_DOMAIN:
+            node.op_type, node.domain = "BatchNormalization", ""
+            del node.output[1:]
+            kept = [a for a in node.attribute if a.name in ("epsilon", "momentum")]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+    inferred = onnx.shape_inference.infer_shapes(plain, strict_mode=False)
     out = {}
     infos = [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]
     for vi in infos:
@@ -452,8 +463,9 @@ def _conv(em, node, dys, needs):
     static = lambda dims: dims is not None and all(isinstance(d, int) and d > 0 for d in dims)  # noqa: E731
     if not (static(sw) and sx and sy and static(sx[2:]) and static(sy[2:])):
         raise _error(node, "has a weight, or input or output spatial dimensions, without static shapes")
-    if attrs.get("group", 1) != 1:
-        raise _error(node, "is a grouped convolution (group != 1)")
+    group = int(attrs.get("group", 1))
+    if group != 1 and not (group == sx[1] == sw[0] and sw[1] == 1):
+        raise _error(node, "is a grouped convolution other than a depthwise one")
     auto_pad = attrs.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     if auto_pad not in ("NOTSET", "VALID"):
@@ -470,18 +482,23 @@ def _conv(em, node, dys, needs):
                    for i in range(n)]
         output_padding = [sx[2 + i] - natural[i] for i in range(n)]
         out[0] = em.op("ConvTranspose", [dy, w], strides=strides, pads=pads, dilations=dilations,
-                       output_padding=output_padding, kernel_shape=kernel)
+                       output_padding=output_padding, kernel_shape=kernel, group=group)
     if needs[1]:
         swap = [1, 0] + list(range(2, n + 2))
         # dW[o, c] = sum over the batch of X[:, c] correlated with dY[:, o]: a convolution of the
         # batch-swapped input with the batch-swapped output gradient, strides and dilations exchanged.
-        full = em.op("Conv", [em.op("Transpose", [x], perm=swap), em.op("Transpose", [dy], perm=swap)],
-                     strides=dilations, dilations=strides, pads=pads, kernel_shape=sy[2:])
+        # Depthwise (one input channel per output channel): the channels become groups of an
+        # input [1, C * N, ...] and a kernel [C, N, ...].
+        xt, dyt = em.op("Transpose", [x], perm=swap), em.op("Transpose", [dy], perm=swap)
+        if group != 1:
+            xt = em.op("Reshape", [xt, em.ints([1, -1] + sx[2:])])
+        full = em.op("Conv", [xt, dyt], strides=dilations, dilations=strides, pads=pads, kernel_shape=sy[2:],
+                     group=group)
         size = [(sx[2 + i] + pads[i] + pads[n + i] - ((sy[2 + i] - 1) * strides[i] + 1)) // dilations[i] + 1
                 for i in range(n)]
         if size != list(kernel):
             full = em.op("Slice", [full, em.ints([0] * n), em.ints(kernel), em.ints(list(range(2, n + 2)))])
-        out[1] = em.op("Transpose", [full], perm=swap)
+        out[1] = em.op("Transpose", [full], perm=swap)  # depthwise: [1, C, ...] -> [C, 1, ...]
     if b is not None and needs[2]:
         out[2] = em.op("ReduceSum", [dy, em.ints([0] + list(range(2, n + 2)))], keepdims=0)
     return out
@@ -669,6 +686,68 @@ def _layer_normalization(em, node, dys, needs):
     return out
 
 
+def _batch_norm_internal(em, node, dys, needs):
+    # Training-mode batch normalization with the saved batch mean and inverse std
+    # (outputs 3 and 4): xhat = (x - mean) * invstd over every axis but the channels',
+    # dx = scale * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)),
+    # dscale = sum(dy * xhat), dbias = sum(dy).
+    if any(d is not None for d in dys[1:]):
+        raise _error(node, "has a statistics output on the path to the loss")
+    x, scale = node.input[:2]
+    dims = em.dims(x)
+    if dims is None or len(dims) < 2 or len(node.output) < 5:
+        raise _error(node, "has an input of unknown rank or lacks its saved mean and inverse std outputs")
+    axes = [0] + list(range(2, len(dims)))
+    shape = em.ints([1, -1] + [1] * (len(dims) - 2))
+    mean = em.op("Reshape", [node.output[3], shape])
+    invstd = em.op("Reshape", [node.output[4], shape])
+    dy = dys[0]
+    xhat = em.op("Mul", [em.op("Sub", [x, mean]), invstd])
+    out = [None] * len(node.input)
+    if needs[0]:
+        inner = em.op("Sub", [em.op("Sub", [dy, _mean_over(em, dy, axes)]),
+                              em.op("Mul", [xhat, _mean_over(em, em.op("Mul", [dy, xhat]), axes)])])
+        out[0] = em.op("Mul", [em.op("Mul", [em.op("Reshape", [scale, shape]), invstd]), inner])
+    if needs[1]:
+        out[1] = em.op("ReduceSum", [em.op("Mul", [dy, xhat]), em.ints(axes)], keepdims=0)
+    if needs[2]:
+        out[2] = em.op("ReduceSum", [dy, em.ints(axes)], keepdims=0)
+    return out
+
+
+#: com.microsoft op type -> rule: the training forms generate_artifacts writes.
+MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal}
+
+
+def to_batch_norm_internal(model: onnx.ModelProto) -> None:
+    """Rewrites BatchNormalization nodes as ORT's BatchNormInternal, in place.
+
+    As ORT's generate_artifacts does: a training step normalizes with the
+    batch statistics, updates the running mean and variance (ORT writes them
+    back into the frozen parameters), and saves the batch mean and inverse std
+    for the backward pass (outputs 3 and 4).
+    """
+    for node in model.graph.node:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = _attrs(node)
+        # Inference form (one output) or training form (with the running statistics,
+        # as PyTorch exports in training mode): both train with batch statistics.
+        base = node.output[0]
+        outputs = list(node.output) + [""] * (3 - len(node.output))
+        outputs = [o or f"{base}_{what}" for o, what in zip(outputs, ("", "running_mean", "running_var"))]
+        del node.output[:]
+        node.output.extend(outputs + [f"{base}_saved_mean", f"{base}_saved_inv_std"])
+        node.op_type, node.domain = "BatchNormInternal", _MS_DOMAIN
+        del node.attribute[:]
+        node.attribute.extend([helper.make_attribute("epsilon", float(attrs.get("epsilon", 1e-5))),
+                               helper.make_attribute("momentum", float(attrs.get("momentum", 0.9))),
+                               helper.make_attribute("training_mode", 1)])
+    if any(n.domain == _MS_DOMAIN for n in model.graph.node) and not any(
+            imp.domain == _MS_DOMAIN for imp in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
+
+
 #: op type -> rule, for default-domain nodes on the path from a parameter to the loss.
 RULES: dict = {
     "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Sum": _sum,
@@ -755,7 +834,8 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
         needs = [bool(i) and i in depends for i in node.input]
         if not any(needs):
             continue
-        rule = RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        rule = (RULES if node.domain in ("", "ai.onnx") else MS_RULES if node.domain == _MS_DOMAIN
+                else {}).get(node.op_type)
         if rule is None:
             raise _error(node, "has no gradient rule in jaxort yet; ONNX Runtime would train the file "
                                "with zero gradients, so none is written (jaxort's own artifacts still "
