@@ -206,6 +206,7 @@ class JaxBackend(Backend):
 
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> bool:
+        """Whether the device is available (ops are checked when the model is prepared)."""
         return cls.supports_device(device)
 
     @classmethod
@@ -224,6 +225,7 @@ class JaxBackend(Backend):
 
     @classmethod
     def run_model(cls, model, inputs, device: str = "CPU", **kwargs) -> tuple:
+        """Prepares ``model`` and runs it once on ``inputs``; returns the outputs."""
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod
@@ -248,6 +250,7 @@ class JaxBackend(Backend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
+        """Whether JAX has a device of this kind (``CPU``, ``CUDA``/``GPU``)."""
         try:
             resolve_device(device)
         except InputError:

@@ -424,27 +424,35 @@ class TrainingSession:
 
     # TrainingSessionGet{Training,Eval}Model{Input,Output}{Count,Name}
     def training_model_input_count(self) -> int:
+        """The number of training model inputs (TrainingSessionGetTrainingModelInputCount)."""
         return len(self.training_model_input_names())
 
     def training_model_output_count(self) -> int:
+        """The number of training model outputs (TrainingSessionGetTrainingModelOutputCount)."""
         return len(self.training_model_output_names())
 
     def eval_model_input_count(self) -> int:
+        """The number of eval model inputs (TrainingSessionGetEvalModelInputCount)."""
         return len(self.eval_model_input_names())
 
     def eval_model_output_count(self) -> int:
+        """The number of eval model outputs (TrainingSessionGetEvalModelOutputCount)."""
         return len(self.eval_model_output_names())
 
     def training_model_input_name(self, index: int) -> str:
+        """The training model's input at ``index`` (TrainingSessionGetTrainingModelInputName); InputError when out of range."""
         return _indexed(self.training_model_input_names(), index, "training model input")
 
     def training_model_output_name(self, index: int) -> str:
+        """The training model's output at ``index`` (TrainingSessionGetTrainingModelOutputName); InputError when out of range."""
         return _indexed(self.training_model_output_names(), index, "training model output")
 
     def eval_model_input_name(self, index: int) -> str:
+        """The eval model's input at ``index`` (TrainingSessionGetEvalModelInputName); InputError when out of range."""
         return _indexed(self.eval_model_input_names(), index, "eval model input")
 
     def eval_model_output_name(self, index: int) -> str:
+        """The eval model's output at ``index`` (TrainingSessionGetEvalModelOutputName); InputError when out of range."""
         return _indexed(self.eval_model_output_names(), index, "eval model output")
 
     @property

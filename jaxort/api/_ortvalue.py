@@ -81,15 +81,19 @@ class OrtValue:
         return self._array.ctypes.data
 
     def has_value(self) -> bool:
+        """True: the value holds a tensor."""
         return True
 
     def is_tensor(self) -> bool:
+        """True: the value is a tensor."""
         return True
 
     def is_sparse_tensor(self) -> bool:
+        """False: never a sparse tensor."""
         return False
 
     def is_tensor_sequence(self) -> bool:
+        """False: never a tensor sequence."""
         return False
 
     def update_inplace(self, np_arr: np.ndarray) -> None:

@@ -165,10 +165,12 @@ class Subgraph:
 
     @property
     def input_names(self) -> tuple:
+        """The subgraph's input names, in order."""
         return self._program.input_names
 
     @property
     def output_names(self) -> tuple:
+        """The subgraph's output names, in order."""
         return self._program.output_names
 
     def __call__(self, *args) -> tuple:
@@ -734,14 +736,17 @@ class JaxGraph:
 
     @property
     def input_names(self) -> list[str]:
+        """The names of the traced inputs (``apply``'s positional arguments after ``params``)."""
         return [i.name for i in self.inputs]
 
     @property
     def output_names(self) -> list[str]:
+        """The names of the values ``apply`` returns, in order."""
         return [o.name for o in self.outputs]
 
     @property
     def node_count(self) -> int:
+        """How many nodes (fused groups counting once) ``apply`` evaluates."""
         return len(self._program.nodes)
 
     def _check_inputs(self, inputs) -> None:
