@@ -31,15 +31,9 @@ from typing import Any, Optional, Union
 import ml_dtypes
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
-from jaxort.testing.harness import (
-    TOLERANCES,
-    assert_outputs_match,
-    default_tolerance,
-    run_jaxort,
-    run_reference,
-)
+from jaxort.testing.harness import TOLERANCES, default_tolerance
 
 try:
     import hypothesis.extra.numpy as hnp
@@ -692,72 +686,19 @@ def elementwise_graphs(
 # --------------------------------------------------------------------------- reference check
 
 
-def _run_reference(model: onnx.ModelProto, feeds: Mapping) -> list:
-    return run_reference(model, feeds)
-
-
 def assert_matches_reference(
     model: Union[onnx.ModelProto, ModelCase],
     inputs: Union[Sequence, Mapping, None] = None,
     rtol: Optional[float] = None,
     atol: Optional[float] = None,
-    *,
-    jit: bool = True,
-    enable_x64: bool = True,
-    scale: float = 1.0,
+    **kwargs,
 ) -> tuple:
-    """Asserts jaxort computes what ONNX's reference evaluator computes.
+    """:func:`jaxort.testing.assert_matches_reference` with ONNX's reference evaluator.
 
-    Traces ``model`` with :class:`jaxort.graph.JaxGraph`, runs ``apply``
-    (under ``jax.jit`` by default) with the model's float initializers as
-    params, runs ``onnx.reference.ReferenceEvaluator`` on the same inputs, and
-    compares each output with :func:`jaxort.testing.assert_outputs_match`:
-    same dtype, same shape, and values within tolerance (floats, compared in
-    float64) or equal (integers, bools).
-
-    Args:
-      model: an ``onnx.ModelProto``, or a :class:`ModelCase` (then
-        ``inputs`` defaults to its inputs).
-      inputs: arrays in graph input order, or a dict graph input name -> array.
-      rtol: relative tolerance for every float output; default per output
-        dtype from :data:`TOLERANCES` times ``scale``.
-      atol: absolute tolerance for every float output; default per output
-        dtype times ``scale``.
-      jit: run ``jax.jit(apply)`` rather than ``apply``; either way under
-        strict dtype promotion, so a silent upcast fails.
-      enable_x64: run with JAX's 64-bit types enabled, which float64 and int64
-        models need; float32 models still compute in float32.
-      scale: a factor on the table's tolerances, for graphs that chain many ops.
-
-    Returns:
-      jaxort's outputs, a tuple of numpy arrays.
-
-    Raises:
-      AssertionError: an output differs in count, dtype, shape or value; the
-        message names the output and says by how much and where.
-
-    Example:
-      >>> case = mlp_models().example()                             # doctest: +SKIP
-      >>> (y,) = assert_matches_reference(case.model, case.inputs)  # doctest: +SKIP
+    Kept here, with its first four parameters in this order, for code that
+    imports it from the strategies module; the keywords (``scale``, ``jit``,
+    ``enable_x64``, ``reference``) are those of the checker.
     """
-    if isinstance(model, ModelCase):
-        inputs = model.inputs if inputs is None else inputs
-        model = model.model
-    if inputs is None:
-        inputs = ()
-    if not isinstance(inputs, Mapping):
-        inits = {t.name for t in model.graph.initializer}
-        names = [i.name for i in model.graph.input if i.name not in inits]
-        if len(inputs) != len(names):
-            raise AssertionError(f"{len(inputs)} inputs given for graph inputs {names}")
-        inputs = dict(zip(names, inputs))
-    expected = _run_reference(model, inputs)
-    got = run_jaxort(model, inputs, jit=jit, params=None, enable_x64=enable_x64)
-    overrides = {}
-    if rtol is not None or atol is not None:
-        overrides = {dt: (rtol if rtol is not None else r * scale,
-                          atol if atol is not None else a * scale)
-                     for dt, (r, a) in TOLERANCES.items()}
-    assert_outputs_match(got, expected, scale=scale, tolerances=overrides,
-                         names=[o.name for o in model.graph.output])
-    return tuple(got)
+    from jaxort.testing.checks import assert_matches_reference as check
+
+    return check(model, inputs, rtol=rtol, atol=atol, **kwargs)

@@ -217,16 +217,17 @@ def test_jit_apply_equals_apply(case):
 # --------------------------------------------------------------------------- the reference check
 
 
-def test_assert_matches_reference_reports_value_and_dtype_mismatches(monkeypatch):
+def test_assert_matches_reference_reports_value_and_dtype_mismatches():
+    from jaxort.testing import run_reference
+
     case = find(js.elementwise_graphs(n_nodes=(2, 2)), lambda c: True)
-    real = js._run_reference
-    monkeypatch.setattr(js, "_run_reference", lambda m, f: [o + 1 for o in real(m, f)])
+    shifted = lambda m, f: [o + 1 for o in run_reference(m, f)]  # noqa: E731
     with pytest.raises(AssertionError, match=r"output 'v1': \d+ of \d+ values differ.*"
                                              r"max abs error 1\b.*worst at index"):
-        js.assert_matches_reference(case)
-    monkeypatch.setattr(js, "_run_reference", lambda m, f: [o.astype(np.float64) for o in real(m, f)])
+        js.assert_matches_reference(case, _run_reference=shifted)
+    widened = lambda m, f: [o.astype(np.float64) for o in run_reference(m, f)]  # noqa: E731
     with pytest.raises(AssertionError, match="dtype float32 != expected float64"):
-        js.assert_matches_reference(case)
+        js.assert_matches_reference(case, _run_reference=widened)
 
 
 def test_assert_matches_reference_takes_a_feed_dict_and_returns_outputs():
