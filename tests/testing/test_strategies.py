@@ -251,3 +251,25 @@ def test_missing_hypothesis_gives_an_actionable_import_error(monkeypatch):
     monkeypatch.delitem(sys.modules, "jaxort.testing.strategies")
     with pytest.raises(ImportError, match=r"needs hypothesis.*pip install"):
         importlib.import_module("jaxort.testing.strategies")
+
+
+def test_the_reference_computes_float64_erf_in_float64():
+    # onnx's reference Erf runs math.erf through np.vectorize(otypes=["f"]), so in float32;
+    # jaxort.testing's reference keeps float64 inputs in float64 (a long fuzz run flagged a
+    # float64 Erf chain 1.5e-7 apart, all of it onnx's float32 rounding).
+    import math
+
+    from jaxort.testing import node_model, run_jaxort, run_reference
+
+    x = np.linspace(-3, 3, 61)
+    model = node_model("Erf", [x])
+    feeds = {model.graph.input[0].name: x}
+    exact = np.array([math.erf(v) for v in x])
+    (ref,) = run_reference(model, feeds)
+    assert ref.dtype == np.float64
+    np.testing.assert_allclose(ref, exact, rtol=0, atol=1e-15)
+    (got,) = run_jaxort(model, feeds, enable_x64=True)
+    np.testing.assert_allclose(np.asarray(got), exact, rtol=0, atol=1e-15)
+    x32 = x.astype(np.float32)  # other dtypes: onnx's own Erf, unchanged
+    (ref32,) = run_reference(node_model("Erf", [x32]), {model.graph.input[0].name: x32})
+    np.testing.assert_allclose(ref32, exact.astype(np.float32), rtol=0, atol=1e-6)
