@@ -196,14 +196,36 @@ class Optimizer:
     LinearLRScheduler raise :class:`jaxort.errors.StateError` from then on,
     so two step counts never drive one state. Re-running a notebook cell
     that builds the optimizer thus restarts it, visibly.
+
+    Beyond ORT: ``optimizer_uri`` may be any optax ``GradientTransformation``
+    (``optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))``,
+    ``optax.masked(...)``). Its learning rate is its own (a float or an optax
+    schedule of its count); ``set_learning_rate`` and a LinearLRScheduler only
+    reach transforms that read the ``learning_rate`` extra argument, such as
+    ``jaxort.training.scale_by_ort_adamw(None)``. ``save_checkpoint(...,
+    include_optimizer_state=True)`` saves its whole state in the optimizer
+    group, every leaf named by its path in the state (``"1.0.mu"``; see
+    ``jaxort.training.opt_state_to_checkpoint_states``), and an Optimizer
+    built from the same transform on a Module over that checkpoint continues
+    bit for bit; one built from another transform raises CheckpointError.
+    ORT loads such a checkpoint's parameters and properties but its own
+    optimizers cannot continue it.
+
+    Example:
+      >>> optimizer = Optimizer(optax.adamw(optax.linear_schedule(1e-3, 0.0, 100)), module)  # doctest: +SKIP
     """
 
     def __init__(self, optimizer_uri: Any, module: Module):
         """Creates the optimizer.
 
         Args:
-          optimizer_uri: the optimizer model (AdamWOptimizer or SGDOptimizerV2).
+          optimizer_uri: the optimizer model (AdamWOptimizer or SGDOptimizerV2),
+            or an optax ``GradientTransformation``.
           module: the module to train.
+
+        Raises:
+          CheckpointError: the state's checkpoint holds optimizer state this
+            optimizer cannot continue (another transform's, all entries named).
         """
         if not isinstance(module, Module):
             raise ArgumentTypeError(f"module must be a jaxort.api.Module, got {type(module).__name__}")

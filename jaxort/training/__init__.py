@@ -12,7 +12,8 @@ jitted functions over an immutable :class:`TrainState`::
     ckpt_out = program.to_checkpoint(state)
 
 ORT's optimizers are optax transforms (:func:`scale_by_ort_adamw`,
-:func:`scale_by_ort_sgd`); learning-rate schedules are optax schedules of the
+:func:`scale_by_ort_sgd`), and any optax transform trains as an
+:class:`OptaxOptimizer`, its whole state saved in checkpoints; learning-rate schedules are optax schedules of the
 optimizer step (:func:`linear_lr_schedule`, applied with :func:`apply_schedule`).
 :class:`SessionState` is a checkpoint state and the session over it as one
 value, the core both facades delegate to; :class:`ParameterLayout` gives
@@ -26,10 +27,13 @@ facades.
 
 from jaxort.training.optimizers import (
     DEFAULT_LEARNING_RATE,
+    OptaxOptimizer,
     OrtOptimizer,
     ScaleByOrtAdamWState,
     ScaleByOrtSgdState,
     adamw_optimizer,
+    opt_state_from_checkpoint_states,
+    opt_state_to_checkpoint_states,
     optimizer_from_model,
     ort_adamw,
     ort_sgd,
@@ -61,6 +65,7 @@ from jaxort.training.state import (
 
 __all__ = [
     "DEFAULT_LEARNING_RATE",
+    "OptaxOptimizer",
     "OrtOptimizer",
     "PROCESS_SEED",
     "PROGRAMS",
@@ -83,6 +88,8 @@ __all__ = [
     "gather",
     "linear_lr_schedule",
     "make_mesh",
+    "opt_state_from_checkpoint_states",
+    "opt_state_to_checkpoint_states",
     "optimizer_from_model",
     "ort_adamw",
     "ort_sgd",

@@ -32,7 +32,7 @@ from jaxort.errors import InputError, JaxortError, TrainingError
 from jaxort.graph import JaxGraph, load_model
 from jaxort.training.artifacts import read as ort_artifacts
 from jaxort.training.layout import ParameterLayout
-from jaxort.training.optimizers import DEFAULT_LEARNING_RATE, OrtOptimizer, optimizer_from_model
+from jaxort.training.optimizers import DEFAULT_LEARNING_RATE, OptaxOptimizer, OrtOptimizer, optimizer_from_model
 from jaxort.training.precision import Policy, cast_model, compute_names
 from jaxort.training.sharding import Placement, gather, placement_of
 from jaxort.training.state import (
@@ -62,7 +62,8 @@ class TrainProgram:
       trainable_names: trainable parameters, graph order.
       frozen_names: frozen parameters, graph order.
       optimizer: the ``OrtOptimizer`` (``.optimizer_type`` "AdamW" or "SGD",
-        ``.hyperparameters``, ``.transform``), or None.
+        ``.hyperparameters``, ``.transform``), an ``OptaxOptimizer``
+        (``.optimizer_type`` "optax"), or None.
       policy: the mixed-precision ``Policy`` or None.
       loss_fn: the JAX loss for models that end before the loss, or None.
       label_names: the labels ``loss_fn`` takes (empty without one).
@@ -77,7 +78,7 @@ class TrainProgram:
         info: ort_artifacts.TrainingModelInfo,
         eval_model: onnx.ModelProto | None = None,
         eval_info: ort_artifacts.TrainingModelInfo | None = None,
-        optimizer: OrtOptimizer | None = None,
+        optimizer: OrtOptimizer | OptaxOptimizer | None = None,
         policy: Policy | None = None,
         loss_fn: Callable | None = None,
         label_names: Sequence[str] | None = None,
@@ -171,7 +172,10 @@ class TrainProgram:
           training_model: ``training_model.onnx`` as a path, bytes or ModelProto.
           eval_model: ``eval_model.onnx`` or None.
           optimizer_model: ``optimizer_model.onnx``, an ``OrtOptimizer`` (e.g.
-            ``adamw_optimizer()``), or None.
+            ``adamw_optimizer()``), any optax ``GradientTransformation`` (e.g.
+            ``optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))``,
+            wrapped in an :class:`OptaxOptimizer`: its learning rate is its own,
+            its whole state is saved in checkpoints), an ``OptaxOptimizer``, or None.
           checkpoint: a ``jaxort.checkpoint.Checkpoint`` whose parameter names tell
             parameters from user inputs, as ORT does. Needed when frozen
             parameters come before the first trainable one in the model's
@@ -219,8 +223,10 @@ class TrainProgram:
             eval_info = ort_artifacts.describe_training_model(
                 eval_proto, parameter_names=[n for n in names if _has_name(eval_proto, n)],
                 trainable_names=[])
-        if optimizer_model is None or isinstance(optimizer_model, OrtOptimizer):
+        if optimizer_model is None or isinstance(optimizer_model, (OrtOptimizer, OptaxOptimizer)):
             opt = optimizer_model
+        elif isinstance(optimizer_model, optax.GradientTransformation):
+            opt = OptaxOptimizer(optimizer_model)
         else:
             opt = optimizer_from_model(load_model(optimizer_model, check=False))
         return cls(train, info=info, eval_model=eval_proto, eval_info=eval_info,
@@ -304,7 +310,8 @@ class TrainProgram:
         Args:
           state: the state.
           include_optimizer_state: add the optimizer group ("group0") with
-            the step, initial learning rate and ``momentum0``/``momentum1``.
+            the step, initial learning rate and ``momentum0``/``momentum1``
+            (an optax transform's whole state, named by its paths).
           properties: the property bag to save (name -> int, float or str),
             e.g. the ``properties`` of the checkpoint the state came from.
 

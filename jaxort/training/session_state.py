@@ -33,12 +33,14 @@ from typing import Any, Optional
 import jax
 import numpy as np
 import onnx
+import optax
 
 from jaxort import checkpoint as ckpt
 from jaxort.errors import InputError, StateError, UnknownNameError
 from jaxort.graph import load_model
 from jaxort.training.artifacts.export import export_model_for_inferencing
 from jaxort.training.layout import ParameterLayout
+from jaxort.training.optimizers import OptaxOptimizer, OrtOptimizer
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
 from jaxort.training.sharding import Placement, gather
@@ -72,17 +74,24 @@ class ProgramCache:
 
         Args:
           training_model, eval_model, optimizer_model: paths, bytes or
-            ModelProtos (eval and optimizer may be None).
+            ModelProtos (eval and optimizer may be None). The optimizer may
+            also be an optimizer object (an optax ``GradientTransformation``,
+            an ``OptaxOptimizer`` or ``OrtOptimizer``), cached by identity.
           checkpoint: tells parameters from user inputs, as in ORT.
 
         Returns:
           A cached or new program.
         """
+        optimizer = optimizer_model if _is_optimizer_object(optimizer_model) else None
         protos = [None if m is None else load_model(m, check=False)
-                  for m in (training_model, eval_model, optimizer_model)]
+                  for m in (training_model, eval_model, None if optimizer is not None else optimizer_model)]
         digest = hashlib.sha256()
         for proto in protos:
             digest.update(b"-" if proto is None else hashlib.sha256(proto.SerializeToString()).digest())
+        if optimizer is not None:
+            # The cached program holds the object (program.optimizer, or its
+            # .transform), so its id is not reused while the entry lives.
+            digest.update(b"optimizer object %d" % id(optimizer))
         digest.update(repr((list(checkpoint.trainable), list(checkpoint.frozen))).encode())
         key = digest.digest()
         with self._lock:
@@ -90,6 +99,8 @@ class ProgramCache:
             if program is not None:
                 self._programs.move_to_end(key)
                 return program
+        if optimizer is not None:
+            protos[2] = optimizer
         program = TrainProgram.from_artifacts(*protos, checkpoint=checkpoint)
         with self._lock:
             self._programs[key] = program
@@ -128,6 +139,11 @@ class ProcessSeed:
         """``(seed or None if never set, generation)``."""
         with self._lock:
             return self._seed, self._generation
+
+
+def _is_optimizer_object(value: Any) -> bool:
+    """Whether ``value`` is an optimizer itself rather than an optimizer model (path, bytes, ModelProto)."""
+    return isinstance(value, (optax.GradientTransformation, OptaxOptimizer, OrtOptimizer))
 
 
 PROGRAMS = ProgramCache()

@@ -7,8 +7,10 @@ checkpoint's property bag stays outside it. Change a state with :meth:`TrainStat
 helpers here; nothing is mutated in place.
 
 Conversions to and from :class:`jaxort.checkpoint.Checkpoint` map the
-optimizer state to ORT's per-parameter ``momentum0`` / ``momentum1`` through
-the optimizer itself (``OrtOptimizer.checkpoint_states`` / ``restore``).
+optimizer state to the group's per-parameter tensors through the optimizer
+itself (``checkpoint_states`` / ``restore``): ORT's ``momentum0`` /
+``momentum1`` for an ``OrtOptimizer``, every leaf of the state named by its
+path for an ``OptaxOptimizer``.
 """
 
 from __future__ import annotations
@@ -196,7 +198,8 @@ def state_from_checkpoint(ckpt, optimizer, *, trainable_names: Sequence[str],
 
     Args:
       ckpt: the checkpoint.
-      optimizer: an ``OrtOptimizer`` (or None: no optimizer state).
+      optimizer: an ``OrtOptimizer`` or ``OptaxOptimizer`` (or None: no
+        optimizer state).
       trainable_names: the program's trainable parameter names.
       frozen_names: the program's frozen parameter names.
       seed: the PRNG seed.
@@ -260,7 +263,8 @@ def restore_optimizer_state(state: TrainState, optimizer, groups: Sequence = (),
 
     Args:
       state: the state.
-      optimizer: an ``OrtOptimizer``, or None (the state then has none).
+      optimizer: an ``OrtOptimizer`` or ``OptaxOptimizer``, or None (the
+        state then has none).
       groups: the checkpoint's ``optimizer_groups``.
       default_learning_rate: the learning rate of a fresh optimizer.
 
@@ -268,7 +272,8 @@ def restore_optimizer_state(state: TrainState, optimizer, groups: Sequence = (),
       The new state.
 
     Raises:
-      CheckpointError: the group's moments do not match the parameters.
+      CheckpointError: the group's moments do not match the parameters, or
+        the step count they hold is not the group's step.
     """
     if optimizer is None:
         return state.replace(opt_state=())
@@ -282,6 +287,14 @@ def restore_optimizer_state(state: TrainState, optimizer, groups: Sequence = (),
                 f"optimizer group {group.name!r}: step {group.step} is outside the range jaxort trains "
                 f"from, 0 to {_MAX_STEP}")
         opt_state = optimizer.restore(state.params, group.states, int(group.step))
+        # An optax state restores its counts from its own tensors; the group's
+        # step was written from the same count, so a difference is a damaged
+        # or hand-edited file, and schedules would disagree about the step.
+        count = _find_count(opt_state)
+        if count is not None and int(count) != int(group.step):
+            raise CheckpointError(
+                f"optimizer group {group.name!r}: step {group.step}, but the optimizer state saved "
+                f"with it counts {int(count)} steps")
         lr = float(group.initial_learning_rate)
     else:
         opt_state = optimizer.init(state.params)
@@ -298,10 +311,11 @@ def state_to_checkpoint(state: TrainState, optimizer, *, include_optimizer_state
 
     Args:
       state: the state.
-      optimizer: the program's ``OrtOptimizer`` (or None).
+      optimizer: the program's ``OrtOptimizer`` or ``OptaxOptimizer`` (or None).
       include_optimizer_state: add the optimizer group ("group0", ORT's name):
         step, initial learning rate, and the optimizer's per-parameter states
-        (``momentum0``, and ``momentum1`` for AdamW).
+        (``momentum0``, and ``momentum1`` for AdamW; for an optax transform
+        its whole state, see ``opt_state_to_checkpoint_states``).
       group_name: the optimizer group name.
       properties: the property bag to save with it (name -> int, float or str).
 
