@@ -102,18 +102,29 @@ def _sparse_to_numpy(sp: onnx.SparseTensorProto) -> np.ndarray:
     return dense
 
 
+def _text(value: bytes, attr: onnx.AttributeProto) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ModelError(f"attribute {attr.name!r} holds bytes that are not UTF-8 text: {value[:16]!r}") from None
+
+
 def _attr_to_python(attr: onnx.AttributeProto):
-    """Converts an attribute to Python/numpy (graphs are returned as protos)."""
+    """Converts an attribute to Python/numpy (graphs are returned as protos).
+
+    Raises:
+      ModelError: a string attribute that is not UTF-8.
+    """
     value = helper.get_attribute_value(attr)
     if isinstance(value, bytes):
-        return value.decode("utf-8")
+        return _text(value, attr)
     if isinstance(value, onnx.TensorProto):
         return _tensor_to_numpy(value)
     if isinstance(value, onnx.SparseTensorProto):
         return _sparse_to_numpy(value)
     if isinstance(value, list):
         if value and isinstance(value[0], bytes):
-            return [v.decode("utf-8") for v in value]
+            return [_text(v, attr) for v in value]
         if value and isinstance(value[0], onnx.TensorProto):
             return [_tensor_to_numpy(v) for v in value]
     return value
@@ -258,7 +269,10 @@ class _Preparer:
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 raise OpError(f"{node.describe}: graph-list attributes are not supported")
             else:
-                node.kwargs[name] = _attr_to_python(attr)
+                try:
+                    node.kwargs[name] = _attr_to_python(attr)
+                except ModelError as e:
+                    raise ModelError(f"{node.describe}: {e}") from None
         if schema is not None:
             for name, spec in schema.attributes.items():
                 if name in given or name not in h.attr_names:

@@ -14,6 +14,7 @@ import pathlib
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -93,3 +94,23 @@ def test_random_attribute_values_give_only_jaxort_errors(op, value):
         _run_forward(g)
     except JaxortError:
         pass
+
+
+def test_a_string_attribute_that_is_not_utf8_is_a_model_error_naming_it():
+    # Found by the long fuzz profile: a mutated byte in SoftmaxCrossEntropyLoss's
+    # reduction ("\x80ean") raised a bare UnicodeDecodeError.
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from jaxort.errors import ModelError
+    from jaxort.graph import JaxGraph
+
+    node = helper.make_node("SoftmaxCrossEntropyLoss", ["scores", "labels"], ["loss"], name="sce")
+    node.attribute.append(helper.make_attribute("reduction", b"\x80ean"))
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("labels", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelError, match=r"'sce'.*attribute 'reduction' holds bytes that are not UTF-8"):
+        JaxGraph(model, check=False).apply({}, np.zeros((2, 3), np.float32), np.zeros(2, np.int64))
