@@ -372,3 +372,16 @@ def test_a_model_made_with_a_jax_loss_needs_that_loss_to_train(tmp_path):
 def test_errors(kwargs, message, tmp_path):
     with pytest.raises(TrainingError, match=message):
         generate_artifacts(_mlp(), artifact_directory=tmp_path, **kwargs)
+
+
+def test_onnxblock_blocks_are_refused_not_taken_for_jax_losses(tmp_path):
+    # ORT's onnxblock.loss.MSELoss() and optim.AdamW() are callables; a Block must not
+    # pass for a JAX loss. (Classes here stand in for them: onnxblock needs onnxruntime-training.)
+    def block(name):
+        return type(name, (), {"__module__": "onnxruntime.training.onnxblock.loss", "__call__": lambda self, *a: a})()
+
+    with pytest.raises(TrainingError, match=r"the loss MSELoss is an onnxruntime.training.onnxblock block"):
+        generate_artifacts(_mlp(), loss=block("MSELoss"), artifact_directory=tmp_path)
+    with pytest.raises(TrainingError, match=r"the optimizer AdamW is an onnxruntime.training.onnxblock block"):
+        generate_artifacts(_mlp(), loss=LossType.MSELoss, optimizer=block("AdamW"), artifact_directory=tmp_path)
+    assert list(tmp_path.iterdir()) == []

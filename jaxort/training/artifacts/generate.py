@@ -356,8 +356,18 @@ def _mark_no_gradient_graph(model: onnx.ModelProto, trainable: Sequence[str]) ->
         model.opset_import.append(helper.make_opsetid(NO_GRADIENT_DOMAIN, 1))
 
 
+def _refuse_onnxblock(value, what: str) -> None:
+    # onnxblock's Blocks are callables: without this they would pass for JAX losses.
+    module = type(value).__module__ or ""
+    if module.startswith("onnxruntime.training.onnxblock"):
+        raise TrainingError(
+            f"{what} {type(value).__name__} is an onnxruntime.training.onnxblock block, which jaxort does not "
+            "take yet: give a LossType / OptimType, or a JAX callable loss")
+
+
 def _build(model, requires_grad, frozen_params, loss, additional_output_names, loss_input_names,
            name_offset=0, gradient_graph=None):
+    _refuse_onnxblock(loss, "the loss")
     base = copy.deepcopy(load_model(model, check=True))
     names = _Names(name_offset)
     trainable, frozen = _split_params(base, requires_grad, frozen_params)
@@ -579,6 +589,7 @@ def generate_artifacts(
         raise TrainingError("ort_format=True is not supported: jaxort writes ONNX models only")
     if custom_op_library is not None:
         raise TrainingError("custom_op_library is not supported: jaxort runs no ORT kernels")
+    _refuse_onnxblock(optimizer, "the optimizer")
     if optimizer is not None and not isinstance(optimizer, OptimType):
         raise TrainingError(f"unknown optimizer {optimizer!r}: expected OptimType.AdamW or OptimType.SGD")
     built, names = _build(model, requires_grad, frozen_params, loss, additional_output_names,
