@@ -433,3 +433,23 @@ def test_batch_normalization_trains_with_batch_statistics_as_ort_writes_it():
     want = jax.grad(lambda p: jnp.sum(ref(p, None) * r))({"x": x, "scale": scale, "bias": bias})
     for name, g in zip(["x", "scale", "bias"], got):
         np.testing.assert_allclose(g, np.asarray(want[name]), rtol=1e-4, atol=2e-5, err_msg=name)
+
+
+def test_a_parameter_read_inside_a_subgraph_is_an_error_not_a_zero_gradient():
+    # An If branch reads w from the outer scope: no node input names it, so without the
+    # capture check w's gradient would silently be zero.
+    branch = helper.make_graph([N("Mul", ["x", "w"], ["r"])], "then", [],
+                               [helper.make_tensor_value_info("r", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([N("Identity", ["x"], ["r2"])], "else", [],
+                              [helper.make_tensor_value_info("r2", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [N("If", ["c"], ["y"], name="branch", then_branch=branch, else_branch=other),
+         N("ReduceSum", ["y"], ["loss"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(TrainingError, match=r"'branch' \(ai.onnx::If\) reads a value that depends on a "
+                                            r"trainable parameter inside its subgraph"):
+        add_gradient_graph(model, "loss", ["w"])

@@ -777,6 +777,18 @@ def _default_opset(model: onnx.ModelProto) -> int:
     return 0
 
 
+def _captured(node: onnx.NodeProto) -> set:
+    """The outer values the node's subgraphs (If, Loop, Scan bodies) read, recursively."""
+    names: set = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for graph in graphs:
+            for inner in graph.node:
+                names.update(inner.input)
+                names |= _captured(inner)
+    return names
+
+
 def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[str]) -> None:
     """Appends the gradient graph and ORT's accumulators to a training model, in place.
 
@@ -811,8 +823,9 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
 
     # Values that depend on a trainable parameter through floating-point tensors.
     depends = set(trainable)
+    captures = {id(node): _captured(node) for node in forward}
     for node in forward:
-        if any(i in depends for i in node.input):
+        if any(i in depends for i in node.input) or captures[id(node)] & depends:
             depends.update(o for o in node.output if o and em.shapes.get(o, (0,))[0] in _FLOAT_TYPES)
     grads: dict = {}
 
@@ -832,6 +845,9 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
         if all(d is None for d in dys):
             continue
         needs = [bool(i) and i in depends for i in node.input]
+        if captures[id(node)] & depends:
+            raise _error(node, "reads a value that depends on a trainable parameter inside its subgraph; "
+                               "control flow has no gradient rule in jaxort yet")
         if not any(needs):
             continue
         rule = (RULES if node.domain in ("", "ai.onnx") else MS_RULES if node.domain == _MS_DOMAIN
