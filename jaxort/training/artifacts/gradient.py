@@ -65,6 +65,7 @@ class _Emitter:
         taken.update(i.name for i in model.graph.input)
         taken.update(t.name for t in model.graph.initializer)
         self._taken = taken
+        self._constants: Optional[dict] = None
 
     def name(self, hint: str) -> str:
         while True:
@@ -89,6 +90,13 @@ class _Emitter:
         # the forward model's constants, as in ORT's files.
         dtype = helper.tensor_dtype_to_np_dtype(elem_type)
         return self.op("Constant", [], value=numpy_helper.from_array(np.asarray(value, dtype=dtype)))
+
+    def static(self, name: str) -> Optional[np.ndarray]:
+        """The value of an initializer or a Constant node's output, else None (indexed once)."""
+        if self._constants is None:
+            self._constants = {t.name: t for t in self.model.graph.initializer}
+            self._constants.update({n.output[0]: n for n in self.model.graph.node if n.op_type == "Constant"})
+        return _static(self._constants.get(name))
 
     def ints(self, values: Sequence[int]) -> str:
         return self.const(np.asarray(list(values), np.int64), TensorProto.INT64)
@@ -131,15 +139,13 @@ def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _static(model: onnx.ModelProto, name: str) -> Optional[np.ndarray]:
-    """The value of an initializer or a Constant node's output, else None."""
-    for init in model.graph.initializer:
-        if init.name == name:
-            return numpy_helper.to_array(init)
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.output[0] == name:
-            value = _attrs(node).get("value")
-            return None if value is None else numpy_helper.to_array(value)
+def _static(source) -> Optional[np.ndarray]:
+    """The value of an initializer or of a Constant node (None for anything else)."""
+    if isinstance(source, onnx.TensorProto):
+        return numpy_helper.to_array(source)
+    if isinstance(source, onnx.NodeProto):
+        value = _attrs(source).get("value")
+        return None if value is None else numpy_helper.to_array(value)
     return None
 
 
@@ -187,6 +193,12 @@ def _unbroadcast_at_run_time(em: _Emitter, dy: str, x: str, y: str, lead: int) -
     axes = em.op("Reshape", [em.op("NonZero", [broadcast]), em.ints([-1])])
     reduced = em.op("ReduceSum", [dy, axes], keepdims=1, noop_with_empty_axes=1)
     return em.op("Reshape", [reduced, em.op("Shape", [x])])
+
+
+def _filled(em: _Emitter, value: float, like: str, shape: Optional[str] = None) -> str:
+    """A tensor of ``value`` in ``like``'s dtype, of ``like``'s shape or the 1-D shape tensor ``shape``."""
+    fill = numpy_helper.from_array(np.full(1, value, helper.tensor_dtype_to_np_dtype(em.elem_type(like))))
+    return em.op("ConstantOfShape", [shape or em.op("Shape", [like])], value=fill)
 
 
 def _scalar(em: _Emitter, value: float, like: str) -> str:
@@ -269,7 +281,7 @@ def _pow(em, node, dys, needs):
     x, e = node.input
     if needs[1]:
         raise _error(node, "has an exponent that depends on a trainable parameter")
-    exponent = _static(em.model, e)
+    exponent = em.static(e)
     if exponent is None or exponent.size != 1:
         raise _error(node, f"has an exponent {e!r} that is not a constant scalar")
     k = float(exponent.reshape(()))
@@ -312,7 +324,7 @@ def _reduce(mean: bool) -> Callable:
         keepdims = attrs.get("keepdims", 1)
         axes = attrs.get("axes")
         if len(node.input) > 1 and node.input[1]:
-            static = _static(em.model, node.input[1])
+            static = em.static(node.input[1])
             if static is None:
                 raise _error(node, "has axes that are not constant")
             axes = [int(a) for a in static.reshape(-1)]
@@ -514,8 +526,7 @@ def _max_pool(em, node, dys, needs):
     indices = _second_output(em, node, dys, "Indices")
     flat = em.ints([-1])
     size = em.op("Reshape", [em.op("Size", [x]), flat])
-    zeros = em.op("ConstantOfShape", [size],
-                  value=numpy_helper.from_array(np.zeros(1, helper.tensor_dtype_to_np_dtype(em.elem_type(x)))))
+    zeros = _filled(em, 0.0, x, shape=size)
     scattered = em.op("ScatterElements", [zeros, em.op("Reshape", [indices, flat]),
                                           em.op("Reshape", [dys[0], flat])], axis=0, reduction="add")
     return [em.op("Reshape", [scattered, em.op("Shape", [x])])]
@@ -600,8 +611,7 @@ def _gather(em, node, dys, needs):
     index = em.op("Cast", [indices], to=TensorProto.INT64)
     zero = em.const(np.int64(0), TensorProto.INT64)
     index = em.op("Where", [em.op("Less", [index, zero]), em.op("Add", [index, rows]), index])
-    zeros = em.op("ConstantOfShape", [em.op("Shape", [data_t])], value=numpy_helper.from_array(
-        np.zeros(1, helper.tensor_dtype_to_np_dtype(em.elem_type(data)))))
+    zeros = _filled(em, 0.0, data, shape=em.op("Shape", [data_t]))
     dx = em.op("ScatterND", [zeros, em.op("Unsqueeze", [index, em.ints([-1])]), dy], reduction="add")
     if axis:
         dx = em.op("Transpose", [dx], perm=[int(i) for i in np.argsort(to_front)])
@@ -626,12 +636,10 @@ def _split(em, node, dys, needs):
     if dims is None:
         raise _error(node, "has an input of unknown rank")
     axis = int(_attrs(node).get("axis", 0)) % len(dims)
-    t = em.elem_type(node.input[0])
     parts = []
     for out, dy in zip(node.output, dys):
         if dy is None:
-            dy = em.op("ConstantOfShape", [em.op("Shape", [out])], value=numpy_helper.from_array(
-                np.zeros(1, helper.tensor_dtype_to_np_dtype(t))))
+            dy = _filled(em, 0.0, node.input[0], shape=em.op("Shape", [out]))
         parts.append(dy)
     return [em.op("Concat", parts, axis=axis)] + [None] * (len(node.input) - 1)
 
@@ -837,8 +845,7 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
             grads[name] = [em.op("Sum", parts)]
         return grads[name][0]
 
-    seed = em.op("ConstantOfShape", [em.op("Shape", [loss])],
-                 value=numpy_helper.from_array(np.ones(1, helper.tensor_dtype_to_np_dtype(em.elem_type(loss)))))
+    seed = _filled(em, 1.0, loss)
     grads[loss] = [seed]
     for node in reversed(forward):
         dys = [total(o) if o else None for o in node.output]
@@ -866,8 +873,7 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
     for p in trainable:
         grad = total(p)
         if grad is None:
-            grad = em.op("ConstantOfShape", [em.op("Shape", [p])], value=numpy_helper.from_array(
-                np.zeros(1, helper.tensor_dtype_to_np_dtype(em.elem_type(p)))))
+            grad = _filled(em, 0.0, p)
         em.nodes.append(helper.make_node("Identity", [grad], [gradient_name(p)], name=em.name("grad_of")))
         out = f"{p}_grad.accumulation.out"
         em.nodes.append(helper.make_node(
