@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Callable, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +59,7 @@ __all__ = [
     "ort_sgd",
     "OrtOptimizer",
     "OptaxOptimizer",
+    "as_optimizer",
     "opt_state_to_checkpoint_states",
     "opt_state_from_checkpoint_states",
     "adamw_optimizer",
@@ -682,6 +683,19 @@ class OptaxOptimizer:
         """
         del step
         return _restore_by_path(self, params, states)
+
+
+def as_optimizer(value: Any) -> Optional[Union[OrtOptimizer, OptaxOptimizer]]:
+    """``value`` as an optimizer object, or None when it is an optimizer model (path, bytes, ModelProto).
+
+    An ``OrtOptimizer`` or ``OptaxOptimizer`` is returned as is; an optax
+    ``GradientTransformation`` is wrapped in an :class:`OptaxOptimizer`.
+    """
+    if isinstance(value, (OrtOptimizer, OptaxOptimizer)):
+        return value
+    if isinstance(value, optax.GradientTransformation):
+        return OptaxOptimizer(value)
+    return None
 
 
 def _restore_by_path(optimizer, params: Mapping, states: Mapping):

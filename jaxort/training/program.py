@@ -32,7 +32,8 @@ from jaxort.errors import InputError, JaxortError, TrainingError
 from jaxort.graph import JaxGraph, load_model
 from jaxort.training.artifacts import read as ort_artifacts
 from jaxort.training.layout import ParameterLayout
-from jaxort.training.optimizers import DEFAULT_LEARNING_RATE, OptaxOptimizer, OrtOptimizer, optimizer_from_model
+from jaxort.training.optimizers import (DEFAULT_LEARNING_RATE, OptaxOptimizer, OrtOptimizer, as_optimizer,
+                                        optimizer_from_model)
 from jaxort.training.precision import Policy, cast_model, compute_names
 from jaxort.training.sharding import Placement, gather, placement_of
 from jaxort.training.state import (
@@ -223,11 +224,8 @@ class TrainProgram:
             eval_info = ort_artifacts.describe_training_model(
                 eval_proto, parameter_names=[n for n in names if _has_name(eval_proto, n)],
                 trainable_names=[])
-        if optimizer_model is None or isinstance(optimizer_model, (OrtOptimizer, OptaxOptimizer)):
-            opt = optimizer_model
-        elif isinstance(optimizer_model, optax.GradientTransformation):
-            opt = OptaxOptimizer(optimizer_model)
-        else:
+        opt = None if optimizer_model is None else as_optimizer(optimizer_model)
+        if optimizer_model is not None and opt is None:
             opt = optimizer_from_model(load_model(optimizer_model, check=False))
         return cls(train, info=info, eval_model=eval_proto, eval_info=eval_info,
                    optimizer=opt, policy=policy, loss_fn=loss_fn, label_names=label_names, fuse=fuse)

@@ -33,14 +33,13 @@ from typing import Any, Optional
 import jax
 import numpy as np
 import onnx
-import optax
 
 from jaxort import checkpoint as ckpt
 from jaxort.errors import InputError, StateError, UnknownNameError
 from jaxort.graph import load_model
 from jaxort.training.artifacts.export import export_model_for_inferencing
 from jaxort.training.layout import ParameterLayout
-from jaxort.training.optimizers import OptaxOptimizer, OrtOptimizer
+from jaxort.training.optimizers import as_optimizer
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
 from jaxort.training.sharding import Placement, gather
@@ -82,7 +81,7 @@ class ProgramCache:
         Returns:
           A cached or new program.
         """
-        optimizer = optimizer_model if _is_optimizer_object(optimizer_model) else None
+        optimizer = optimizer_model if as_optimizer(optimizer_model) is not None else None
         protos = [None if m is None else load_model(m, check=False)
                   for m in (training_model, eval_model, None if optimizer is not None else optimizer_model)]
         digest = hashlib.sha256()
@@ -139,11 +138,6 @@ class ProcessSeed:
         """``(seed or None if never set, generation)``."""
         with self._lock:
             return self._seed, self._generation
-
-
-def _is_optimizer_object(value: Any) -> bool:
-    """Whether ``value`` is an optimizer itself rather than an optimizer model (path, bytes, ModelProto)."""
-    return isinstance(value, (optax.GradientTransformation, OptaxOptimizer, OrtOptimizer))
 
 
 PROGRAMS = ProgramCache()
