@@ -133,7 +133,8 @@ class Module:
           StateError: nominal state.
         """
         trainable_only = _flag(trainable_only, "trainable_only")
-        return OrtValue(self._run(lambda st: st.parameters_to_buffer(trainable_only)))
+        # parameters_to_buffer returns a fresh array: the OrtValue takes it without a copy.
+        return OrtValue._owning(self._run(lambda st: st.parameters_to_buffer(trainable_only)))
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (works on nominal states)."""

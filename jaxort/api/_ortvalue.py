@@ -39,6 +39,13 @@ class OrtValue:
             raise InputError(f"OrtValue holds a numpy array, got {type(array).__name__}")
         self._array = np.array(array, copy=True, order="C")
 
+    @classmethod
+    def _owning(cls, array: np.ndarray) -> "OrtValue":
+        """Wraps an array nobody else holds, without the copy ``__init__`` makes."""
+        value = cls.__new__(cls)
+        value._array = np.ascontiguousarray(array)
+        return value
+
     @staticmethod
     def ortvalue_from_numpy(numpy_obj: np.ndarray, device_type: str = "cpu", device_id: int = 0) -> "OrtValue":
         """A copy of ``numpy_obj`` (ORT's ``OrtValue.ortvalue_from_numpy``); only ``"cpu"`` devices."""
