@@ -33,7 +33,7 @@ from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, JaxortError, ModelError, OpError, UnsupportedOpError
 from jaxort.graph import _registry
 from jaxort.graph._model import ModelSource, load_model
-from jaxort.graph._values import OpContext, is_static
+from jaxort.graph._values import NodeKey, OpContext, is_static
 
 __all__ = ["JaxGraph", "TensorInfo", "Subgraph", "backward_slice", "outer_reads",
            "x64_enabled_scope"]
@@ -398,7 +398,7 @@ def _run_function(node: _Node, args: list, runtime: _Runtime) -> tuple:
         env[formal] = value
     for formal in fproto.input[len(args):]:
         env[formal] = None
-    key = None if runtime.key is None else jax.random.fold_in(runtime.key, node.index)
+    key = None if runtime.key is None else runtime.key.child(node.index)
     sub_rt = dataclasses.replace(runtime, opsets=opsets, key=key)
     _run_program(prog, env, sub_rt)
     return tuple(env.get(o) for o in fproto.output)
@@ -444,9 +444,7 @@ def _dispatch(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tuple
     for name, prog in node.subgraphs.items():
         kwargs[name] = Subgraph(prog, env, runtime)
     if h.wants_ctx:
-        key = runtime.key
-        if key is not None:
-            key = jax.random.fold_in(key, node.index)
+        key = None if runtime.key is None else runtime.key.child(node.index)
         kwargs["ctx"] = OpContext(node.name, node.opset, runtime.training, node.inputs,
                                   node.outputs, key, runtime.updates)
     fold = h.foldable and not node.subgraphs and all(is_static(a) for a in args)
@@ -813,6 +811,9 @@ class JaxGraph:
     def apply_with_updates(self, params: Mapping, *inputs, rng=None, training: bool = False):
         """Like :meth:`apply`, and also returns state updates made by training-mode ops.
 
+        ``rng`` may also be a :class:`~jaxort.graph._values.NodeKey`, whose
+        ``uses`` then tells the caller whether any node drew a key.
+
         Returns:
           ``(outputs, updates)``: the output tuple, and a dict param name -> new
           value (running statistics of BatchNormalization in training mode).
@@ -826,6 +827,8 @@ class JaxGraph:
         env.update(params)
         env.update(zip(self._program.input_names, inputs))
         updates = {}
+        if rng is not None and not isinstance(rng, NodeKey):
+            rng = NodeKey(rng)
         runtime = _Runtime(training, rng, updates, self.opsets, self._functions, x64)
         _run_program(self._program, env, runtime)
         outs = tuple(_as_output(n, env[n], x64) for n in self._program.output_names)

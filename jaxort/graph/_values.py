@@ -59,6 +59,36 @@ def static_ints(x: Any, what: str = "input") -> list[int]:
     return [int(v) for v in np.asarray(static(x, what)).reshape(-1)]
 
 
+class NodeKey:
+    """The PRNG key of one node, folded from the caller's key only when a node asks for it.
+
+    A node's key is ``fold_in`` of the caller's key with the index of each
+    enclosing node (a function body's caller, then the node). Folding on
+    demand keeps traces of graphs without random ops free of key arithmetic,
+    and ``uses`` (shared by every key of one trace) records whether any node
+    drew one, so a caller can leave its key unsplit when none did.
+    """
+
+    __slots__ = ("_root", "_path", "uses")
+
+    def __init__(self, root: Any, path: tuple = (), uses: list | None = None):
+        self._root = root
+        self._path = path
+        self.uses = [] if uses is None else uses
+
+    def child(self, index: int) -> "NodeKey":
+        """The key of the node at ``index`` under this one."""
+        return NodeKey(self._root, self._path + (int(index),), self.uses)
+
+    def get(self) -> jax.Array:
+        """The key array; records the use."""
+        self.uses.append(self._path)
+        key = self._root
+        for index in self._path:
+            key = jax.random.fold_in(key, index)
+        return key
+
+
 @dataclasses.dataclass
 class OpContext:
     """What a handler that declares a keyword-only ``ctx`` parameter receives.
@@ -97,7 +127,7 @@ class OpContext:
                 "the node is random in this mode and needs a PRNG key: "
                 "pass rng=jax.random.key(seed) to apply"
             )
-        return self._key
+        return self._key.get() if isinstance(self._key, NodeKey) else self._key
 
     def update_state(self, input_index: int, value: Any) -> None:
         """Records a new value for the parameter feeding input ``input_index``.

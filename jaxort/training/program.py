@@ -30,6 +30,7 @@ import optax
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, JaxortError, TrainingError
 from jaxort.graph import JaxGraph, load_model
+from jaxort.graph._values import NodeKey
 from jaxort.training.artifacts import read as ort_artifacts
 from jaxort.training.layout import ParameterLayout
 from jaxort.training.optimizers import (DEFAULT_LEARNING_RATE, OptaxOptimizer, OrtOptimizer, as_optimizer,
@@ -367,6 +368,9 @@ class TrainProgram:
 
     def _forward_grad(self, state: TrainState, inputs):
         rng, key = jax.random.split(state.rng)
+        # Folded per node on demand; when no node draws a key the state's key
+        # stays as it was and XLA drops the split (a threefry loop per step).
+        key = NodeKey(key)
         graph = self._train_graph
         labels = inputs[self._n_graph_inputs:]
         inputs = self._prepare_inputs(inputs[:self._n_graph_inputs], self.input_names)
@@ -393,7 +397,7 @@ class TrainProgram:
                 frozen[name] = value.astype(frozen[name].dtype)
             elif name in state.params:
                 params_upd[name] = value.astype(state.params[name].dtype)
-        return rng, grads, outs, frozen, params_upd
+        return (rng if key.uses else state.rng), grads, outs, frozen, params_upd
 
     def _train_core(self, state: TrainState, *inputs, micro_batches: int = 1):
         self._traces["train_step"] += 1

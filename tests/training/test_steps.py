@@ -157,6 +157,26 @@ def test_dropout_is_random_in_train_and_identity_in_eval(models):
     assert float(train_loss) != float(train_loss2)  # a new mask each step
 
 
+def test_the_key_advances_only_when_a_random_op_draws_one(models):
+    # A step splits the state's key for its random nodes; without any (the
+    # MLP) the key stays as it was, so XLA can drop the split from the step.
+    import jax
+
+    program, start, _ = _dropout_program(models)
+    state = program.init_state(start)
+    key0 = np.asarray(state.rng)
+    x = np.ones((16, 8), np.float32)
+    y = np.zeros(16, np.int64)
+    state, _ = program.train_step(state, x, y)
+    np.testing.assert_array_equal(np.asarray(state.rng), np.asarray(jax.random.split(key0)[0]))
+
+    program, start, batches = _golden_program("mlp_adamw")
+    state = program.init_state(start)
+    key0 = np.asarray(state.rng)
+    state, _ = program.train_and_update(state, batches["train::input"][0], batches["train::labels"][0])
+    np.testing.assert_array_equal(np.asarray(state.rng), key0)
+
+
 def test_batchnorm_training_updates_running_stats(models):
     c, momentum, eps = 3, 0.8, 1e-5
     rng = np.random.default_rng(5)
