@@ -294,11 +294,16 @@ class TrainingSession:
             None if b is None else bytes(b) for b in (train_model, eval_model, optimizer_model))
         return cls(state, train_model, eval_model, optimizer_model, device=device, **placement)
 
-    def _run(self, fn):
-        """``fn(state)`` as one transaction on the handle's cell, once this session still owns it."""
+    def _run(self, fn, deferring: bool = False):
+        """``fn(state)`` as one transaction on the handle's cell, once this session still owns it.
+
+        ``deferring``: ``fn`` is a train step or a call the state defers to
+        the next one (``SessionCell.run``); every other call runs the
+        deferred ones first.
+        """
         if self._released:
             raise StateError("the TrainingSession was released")
-        return self._handle.cell.run(fn, owner=self)
+        return self._handle.cell.run(fn, owner=self, deferring=deferring)
 
     def train_step(self, *inputs) -> tuple[np.ndarray, ...]:
         """Runs one training step (TrainStep): forward, loss, gradient accumulation.
@@ -309,7 +314,7 @@ class TrainingSession:
         back as numpy arrays, loss first. InputError for wrong inputs,
         StateError once released or while nominal.
         """
-        return self._run(lambda st: st.train_step(inputs))
+        return self._run(lambda st: st.train_step(inputs), deferring=True)
 
     def eval_step(self, *inputs) -> tuple[np.ndarray, ...]:
         """Runs the eval model on the current parameters (EvalStep); StateError without an eval model."""
@@ -317,7 +322,7 @@ class TrainingSession:
 
     def lazy_reset_grad(self) -> None:
         """Makes the next train step overwrite the gradients instead of adding to them (LazyResetGrad)."""
-        self._run(lambda st: st.lazy_reset_grad())
+        self._run(lambda st: st.lazy_reset_grad(), deferring=True)
 
     def optimizer_step(self) -> None:
         """Updates the trainable parameters from the accumulated gradients, which stay (OptimizerStep).
@@ -325,7 +330,7 @@ class TrainingSession:
         StateError without an optimizer model, or before any train step of
         this session (ORT 1.19.2 would step on zero gradients).
         """
-        self._run(lambda st: st.optimizer_step())
+        self._run(lambda st: st.optimizer_step(), deferring=True)
 
     def attach_optimizer(self, optimizer_model: ModelLike) -> None:
         """Gives a session created without an optimizer model one (``onnxruntime.training.api.Optimizer``).
@@ -360,7 +365,7 @@ class TrainingSession:
 
     def scheduler_step(self) -> None:
         """Recomputes the learning rate from the optimizer step count (SchedulerStep)."""
-        self._run(lambda st: st.scheduler_step())
+        self._run(lambda st: st.scheduler_step(), deferring=True)
 
     def get_parameters_size(self, trainable_only: bool = False) -> int:
         """Number of parameter elements (GetParametersSize); works on nominal states.

@@ -76,9 +76,14 @@ class Module:
         state.session_state = state.session_state.attach(program, device=device, owner=self, mesh=mesh,
                                                          strategy=strategy)
 
-    def _run(self, fn, optimizer: Any = None):
-        """``fn(state)`` as one transaction on the CheckpointState's cell, once this Module owns it."""
-        return self._state.cell.run(fn, owner=self, optimizer=optimizer,
+    def _run(self, fn, optimizer: Any = None, deferring: bool = False):
+        """``fn(state)`` as one transaction on the CheckpointState's cell, once this Module owns it.
+
+        ``deferring``: ``fn`` is a train step or a call the state defers to
+        the next one (``SessionCell.run``); every other call runs the
+        deferred ones first.
+        """
+        return self._state.cell.run(fn, owner=self, optimizer=optimizer, deferring=deferring,
                                     owner_message="the CheckpointState is now used by another Module")
 
     def __call__(self, *user_inputs) -> Union[np.ndarray, tuple[np.ndarray, ...]]:
@@ -99,7 +104,7 @@ class Module:
         ort_values = [_is_ort_value(x) for x in user_inputs]
         inputs = tuple(x.numpy() if is_value else x for x, is_value in zip(user_inputs, ort_values))
         if self.training:
-            outputs = self._run(lambda st: st.train_step(inputs))
+            outputs = self._run(lambda st: st.train_step(inputs), deferring=True)
         else:
             outputs = self._run(lambda st: st.eval_step(inputs))
         if ort_values and all(ort_values):
@@ -117,7 +122,7 @@ class Module:
 
     def lazy_reset_grad(self) -> None:
         """Makes the next train step overwrite the gradients instead of adding to them."""
-        self._run(lambda st: st.lazy_reset_grad())
+        self._run(lambda st: st.lazy_reset_grad(), deferring=True)
 
     def get_contiguous_parameters(self, trainable_only: bool = False) -> OrtValue:
         """The parameters as one float32 vector, in the training model's input order.
@@ -242,7 +247,7 @@ class Optimizer:
           StateError: no train step has run yet (ORT 1.19.2 would step on
             zero gradients).
         """
-        self._module._run(lambda st: st.optimizer_step(), optimizer=self)
+        self._module._run(lambda st: st.optimizer_step(), optimizer=self, deferring=True)
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next steps."""
@@ -290,7 +295,8 @@ class LinearLRScheduler:
 
     def step(self) -> None:
         """Recomputes the learning rate from the optimizer's step count."""
-        self._optimizer._module._run(lambda st: st.scheduler_step(), optimizer=self._optimizer)
+        self._optimizer._module._run(lambda st: st.scheduler_step(), optimizer=self._optimizer,
+                                     deferring=True)
 
 
 def _uri(uri: Any) -> Optional[Any]:

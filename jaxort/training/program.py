@@ -39,6 +39,7 @@ from jaxort.training.precision import Policy, cast_model, compute_names
 from jaxort.training.sharding import Placement, gather, placement_of
 from jaxort.training.state import (
     TrainState,
+    apply_schedule,
     restore_optimizer_state,
     state_from_checkpoint,
     state_to_checkpoint,
@@ -46,7 +47,7 @@ from jaxort.training.state import (
 
 __all__ = ["TrainProgram"]
 
-_STEPS = ("train_step", "eval_step", "optimizer_step", "train_and_update")
+_STEPS = ("train_step", "eval_step", "optimizer_step", "train_and_update", "train_step_after")
 
 
 class TrainProgram:
@@ -147,10 +148,6 @@ class TrainProgram:
         self._jit_fused = jax.jit(self._fused_core, donate_argnums=0)
         self._jits: dict = {}
         self._jits_lock = threading.Lock()
-        # A jitted output lives where its input does (committed to the state's
-        # device or not), so a reset flag never makes the next step recompile;
-        # an eager jnp op would commit it and take the slow dispatch path.
-        self._jit_cleared = jax.jit(jnp.zeros_like)
 
     # ------------------------------------------------------------------ building
 
@@ -439,6 +436,19 @@ class TrainProgram:
         state = self._opt_apply(state)
         return state.replace(accumulate=jnp.zeros_like(state.accumulate)), outs
 
+    def _after_core(self, state: TrainState, optimizer_step, schedule_step, reset_grad, *inputs,
+                    schedule=None):
+        self._traces["train_step_after"] += 1
+        if self.optimizer is not None:
+            # A cond, not a select: a step without a pending optimizer step
+            # (the first, or one of several accumulating) skips the update.
+            state = jax.lax.cond(optimizer_step, self._opt_apply, lambda s: s, state)
+            if schedule is not None:
+                scheduled = apply_schedule(state, schedule).learning_rate
+                state = state.replace(learning_rate=jnp.where(schedule_step, scheduled, state.learning_rate))
+        state = state.replace(accumulate=state.accumulate & jnp.logical_not(reset_grad))
+        return self._train_apply(state, inputs)
+
     def _forward_grad_micro(self, state: TrainState, inputs, micro_batches: int):
         """``_forward_grad`` over ``micro_batches`` parts of the batch, in one ``lax.scan``.
 
@@ -607,6 +617,59 @@ class TrainProgram:
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
         return self._run("fused", state, self.check_inputs(inputs), micro_batches)
+
+    def train_step_after(self, state: TrainState, *inputs, optimizer_step: bool = False,
+                         schedule: Callable | None = None, schedule_step: bool = False,
+                         reset_grad: bool = False) -> tuple[TrainState, tuple]:
+        """Calls that precede a train step, then the train step, in one compiled call.
+
+        Runs, in this order and each only when its flag is set,
+        :meth:`optimizer_step`, ``apply_schedule(state, schedule)`` and
+        :meth:`lazy_reset_grad`, then :meth:`train_step`, with the numbers
+        those calls give one by one. This is what the session facades run
+        for ORT's loop (train step, optimizer step, scheduler step, lazy
+        reset): they defer the calls that follow a train step to the next
+        one. The flags are values, not part of the compiled program: one
+        compilation per ``schedule`` serves every combination of them.
+
+        Args:
+          state: the state (donated: use the returned one).
+          *inputs: the user inputs and labels.
+          optimizer_step: apply the optimizer to the accumulated gradients first.
+          schedule: a learning-rate schedule of the step count (see
+            :func:`jaxort.training.apply_schedule`), or None.
+          schedule_step: set the learning rate from ``schedule`` (after the optimizer step).
+          reset_grad: overwrite the gradients instead of adding to them.
+
+        Returns:
+          ``(new_state, outputs)``, as :meth:`train_step`.
+
+        Raises:
+          InputError: see :meth:`check_inputs`.
+          TrainingError: ``optimizer_step`` or ``schedule_step`` without an optimizer.
+        """
+        if (optimizer_step or schedule_step) and self.optimizer is None:
+            raise TrainingError("this program has no optimizer model")
+        if schedule_step and schedule is None:
+            raise TrainingError("schedule_step needs a schedule")
+        inputs = self.check_inputs(inputs)
+        if placement_of(state) is not None:
+            # On a mesh the calls run one by one, each with the state's shardings.
+            if optimizer_step:
+                state = self.optimizer_step(state)
+            if schedule_step:
+                state = apply_schedule(state, schedule)
+            if reset_grad:
+                state = self.lazy_reset_grad(state)
+            return self._run("train", state, inputs)
+        key = ("after", schedule)
+        with self._jits_lock:
+            fn = self._jits.get(key)
+        if fn is None:
+            fn = jax.jit(functools.partial(self._after_core, schedule=schedule), donate_argnums=0)
+            with self._jits_lock:
+                fn = self._jits.setdefault(key, fn)
+        return fn(state, np.bool_(optimizer_step), np.bool_(schedule_step), np.bool_(reset_grad), *inputs)
 
     # ------------------------------------------------------------------ dispatch
 

@@ -48,6 +48,9 @@ from jaxort.training.state import set_seed as _reseed
 
 __all__ = ["PROCESS_SEED", "PROGRAMS", "ProcessSeed", "ProgramCache", "SessionCell", "SessionState"]
 
+# The calls a session may defer to its next train step, in the order they run.
+_DEFERRED = ("optimizer", "schedule", "reset")
+
 _NOMINAL_STEP = ("Cannot run a step with a nominal checkpoint state: its parameters have no values. "
                  "Please load the model parameters first (copy_buffer_to_parameters with "
                  "trainable_only=False).")
@@ -173,9 +176,10 @@ class SessionCell:
 
     @property
     def value(self) -> "SessionState":
-        """The current state; StateError once the cell is closed."""
+        """The current state, its deferred calls run (:meth:`SessionState.flushed`); StateError once closed."""
         with self._lock:
             self._require_open()
+            self._value = self._value.flushed()
             return self._value
 
     @value.setter
@@ -206,8 +210,12 @@ class SessionCell:
             raise StateError(self._closed)
 
     def run(self, fn: Callable, *, owner: Any = None, owner_message: Optional[str] = None,
-            optimizer: Any = None):
+            optimizer: Any = None, deferring: bool = False):
         """Runs ``fn(state)`` as one transaction and returns its result.
+
+        Calls a session defers (an optimizer step, a scheduler step, a lazy
+        reset: see :meth:`SessionState.defer`) are run first, unless
+        ``deferring``: ``fn`` then sees them still pending.
 
         Args:
           fn: returns a new :class:`SessionState` (which replaces the value;
@@ -219,6 +227,7 @@ class SessionCell:
           owner_message: the StateError message when it is not.
           optimizer: when given, the optimizer must be this one
             (:meth:`SessionState.require_optimizer_owner`).
+          deferring: ``fn`` is a train step or a call that may be deferred.
 
         Raises:
           StateError: the cell is closed; ``owner`` or ``optimizer`` no longer drives the state;
@@ -227,6 +236,8 @@ class SessionCell:
         with self._lock:
             self._require_open()
             st = self._value
+            if not deferring:
+                st = self._value = st.flushed()
             if owner is not None:
                 if owner_message is None:
                     st.require_owner(owner)
@@ -270,6 +281,8 @@ class SessionState:
       optimizer_owner: an opaque token of the facade optimizer that drives
         the session's optimizer; a replaced optimizer's calls are refused
         (:meth:`require_optimizer_owner`).
+      pending: calls made since the last train step and not yet run on
+        ``train``, in the order they run (see :meth:`defer`).
     """
 
     checkpoint: ckpt.Checkpoint
@@ -285,6 +298,7 @@ class SessionState:
     schedule: Optional[Callable] = None
     optimizer_owner: Any = None
     placement: Optional[Placement] = None
+    pending: tuple = ()
 
     @classmethod
     def from_checkpoint(cls, checkpoint: ckpt.Checkpoint) -> "SessionState":
@@ -531,11 +545,53 @@ class SessionState:
     # Steps --------------------------------------------------------------------
 
     def train_step(self, inputs: Sequence[Any]) -> tuple["SessionState", tuple]:
-        """One training step; returns the new state and the outputs (numpy, loss first)."""
+        """One training step, after the pending calls; returns the new state and the outputs (numpy, loss first).
+
+        The pending calls and the step run as one compiled call
+        (:meth:`TrainProgram.train_step_after`), compiled once for every
+        combination of pending calls.
+        """
         st = self._live()
         args = _host_inputs(inputs, self.program.input_names, "the training model")
-        st, outputs = self.program.train_step(st, *args)
-        return self.replace(train=st, has_grads=True), tuple(np.asarray(o) for o in outputs)
+        pending = self.pending
+        st, outputs = self.program.train_step_after(
+            st, *args, optimizer_step="optimizer" in pending, schedule=self.schedule,
+            schedule_step="schedule" in pending, reset_grad="reset" in pending)
+        return self.replace(train=st, has_grads=True, pending=()), tuple(np.asarray(o) for o in outputs)
+
+    def defer(self, call: str) -> "SessionState":
+        """Records ``call`` ("optimizer", "schedule" or "reset") to run before the next train step.
+
+        ORT's loop is a train step, an optimizer step, a scheduler step and
+        a lazy reset; deferring the last three to the next train step runs
+        the loop as one compiled call per step instead of four. Deferred
+        calls keep their order ("optimizer" before "schedule"; a reset
+        commutes with both); one that would run out of order, or twice,
+        first runs the pending ones. Every other use of the state runs them
+        first (:meth:`flushed`; :class:`SessionCell` does it), so no call
+        can tell a deferred call from one run at once.
+        """
+        order = _DEFERRED.index(call)
+        st = self
+        if call != "reset" and any(_DEFERRED.index(p) >= order for p in self.pending if p != "reset"):
+            st = self.flushed()
+        if call in st.pending:
+            return st
+        return st.replace(pending=tuple(sorted(st.pending + (call,), key=_DEFERRED.index)))
+
+    def flushed(self) -> "SessionState":
+        """This state with its pending calls run on ``train``, one by one."""
+        if not self.pending:
+            return self
+        st = self.train
+        for call in self.pending:
+            if call == "optimizer":
+                st = self.program.optimizer_step(st)
+            elif call == "schedule":
+                st = apply_schedule(st, self.schedule)
+            else:
+                st = self.program.lazy_reset_grad(st)
+        return self.replace(train=st, pending=())
 
     def eval_step(self, inputs: Sequence[Any]) -> tuple:
         """The eval model's outputs (numpy) on the current parameters."""
@@ -547,24 +603,25 @@ class SessionState:
         return tuple(np.asarray(o) for o in self.program.eval_step(st, *args))
 
     def lazy_reset_grad(self) -> "SessionState":
-        """The next train step overwrites the gradients instead of adding to them."""
-        return self.replace(train=self.program.lazy_reset_grad(self._live()))
+        """The next train step overwrites the gradients instead of adding to them (deferred to it)."""
+        self._live()
+        return self.defer("reset")
 
     def optimizer_step(self) -> "SessionState":
-        """Applies the optimizer to the accumulated gradients (kept as they are).
+        """Applies the optimizer to the accumulated gradients (kept as they are), deferred to the next use.
 
         Raises:
           StateError: no optimizer, or no train step yet in this session
             (ORT 1.19.2 would step on zero gradients).
         """
-        st = self._live()
+        self._live()
         if not self.program.has_optimizer:
             raise StateError("No optimizer model was provided: an optimizer step needs the session to be "
                              "created with an optimizer model")
         if not self.has_grads:
             raise StateError("optimizer step before any train step: there are no gradients to apply yet; "
                              "call train_step first")
-        return self.replace(train=self.program.optimizer_step(st))
+        return self.defer("optimizer")
 
     # Learning rate ------------------------------------------------------------
 
@@ -598,7 +655,7 @@ class SessionState:
         return self.replace(train=st, schedule=schedule)
 
     def scheduler_step(self) -> "SessionState":
-        """Recomputes the learning rate from the optimizer step count.
+        """Recomputes the learning rate from the optimizer step count (deferred as :meth:`defer` says).
 
         Raises:
           StateError: no scheduler was registered.
@@ -606,7 +663,8 @@ class SessionState:
         if self.schedule is None:
             raise StateError("No learning rate scheduler was registered; call register_linear_lr_scheduler "
                              "first")
-        return self.replace(train=apply_schedule(self._live(), self.schedule))
+        self._live()
+        return self.defer("schedule")
 
     # Buffers and export -------------------------------------------------------
 

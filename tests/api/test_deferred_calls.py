@@ -1,0 +1,235 @@
+"""The facades defer optimizer steps, scheduler steps and lazy resets to the next train step.
+
+ORT's loop (``module(x, y)``, ``optimizer.step()``, ``scheduler.step()``,
+``module.lazy_reset_grad()``) runs in jaxort as one compiled call per step:
+the three calls after a train step are recorded and run at the start of the
+next one (``SessionState.defer``). These tests check that nothing can tell:
+the numbers equal the same calls run one by one on the functional core
+(whose numbers the golden replays check against ORT), every read in between
+sees the deferred calls done, a failed step keeps them, and the loop compiles
+one train step.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from jaxort import checkpoint as ckpt
+from jaxort import errors
+from jaxort import session as js
+from jaxort.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+from jaxort.training import TrainProgram, apply_schedule, linear_lr_schedule, set_learning_rate
+
+CASE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "mlp_adamw"
+
+
+def _batch(i):
+    with np.load(CASE / "batches.npz") as b:
+        return b["train::input"][i % len(b["train::input"])], b["train::labels"][i % len(b["train::labels"])]
+
+
+def _api():
+    state = CheckpointState.load_checkpoint(CASE / "checkpoint")
+    module = Module(CASE / "training_model.onnx", state, CASE / "eval_model.onnx")
+    return state, module, Optimizer(CASE / "optimizer_model.onnx", module)
+
+
+def _core():
+    start = ckpt.load(CASE / "checkpoint")
+    program = TrainProgram.from_artifacts(CASE / "training_model.onnx", CASE / "eval_model.onnx",
+                                          CASE / "optimizer_model.onnx", checkpoint=start)
+    return program, program.init_state(start)
+
+
+def _params(state):
+    return {name: np.array(p.data) for name, p in state.parameters}
+
+
+def _core_params(st):
+    return {n: np.asarray(v) for n, v in st.params.items()}
+
+
+def _assert_params_equal(got, want):
+    assert got.keys() >= want.keys()
+    for n in want:
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-6, atol=1e-7, err_msg=n)
+
+
+def test_the_loop_gives_the_numbers_of_the_calls_run_one_by_one():
+    state, module, opt = _api()
+    scheduler = LinearLRScheduler(opt, 2, 6, 0.05)
+    program, st = _core()
+    schedule = linear_lr_schedule(0.05, 2, 6)
+    st = apply_schedule(st, schedule)
+    for i in range(6):
+        x, y = _batch(i)
+        loss = module(x, y)
+        opt.step()
+        scheduler.step()
+        module.lazy_reset_grad()
+        st, (want,) = program.train_step(st, x, y)
+        st = program.lazy_reset_grad(apply_schedule(program.optimizer_step(st), schedule))
+        np.testing.assert_allclose(loss, np.asarray(want), rtol=1e-6, err_msg=f"step {i}")
+    _assert_params_equal(_params(state), _core_params(st))
+    assert opt.get_learning_rate() == pytest.approx(float(st.learning_rate), rel=1e-7)
+
+
+def test_reads_between_the_calls_see_them_done():
+    state, module, opt = _api()
+    program, st = _core()
+    x, y = _batch(0)
+    module(x, y)
+    st, _ = program.train_step(st, x, y)
+    opt.step()
+    st = program.optimizer_step(st)
+    # parameters, the contiguous buffer and the learning rate, right after the deferred step
+    _assert_params_equal(_params(state), _core_params(st))
+    flat = np.concatenate([np.asarray(st.params[n]).ravel() for n in program.layout.buffer_names(True)])
+    np.testing.assert_allclose(module.get_contiguous_parameters(trainable_only=True).numpy(), flat,
+                               rtol=1e-6, atol=1e-7)
+    # the gradients are kept by the optimizer step; a reset is lazy, so they stay until the next step
+    module.lazy_reset_grad()
+    for name, p in state.parameters:
+        if p.requires_grad:
+            np.testing.assert_allclose(p.grad, np.asarray(st.grads[name]), rtol=1e-6, atol=1e-8)
+    # an eval step runs on the updated parameters
+    module.eval()
+    (want,) = program.eval_step(st, x, y)
+    np.testing.assert_allclose(module(x, y), np.asarray(want), rtol=1e-6)
+
+
+def test_calls_out_of_the_deferred_order_run_in_the_order_made():
+    # scheduler before optimizer, and two optimizer steps in a row: the
+    # pending calls run first, so the order is the caller's.
+    state, module, opt = _api()
+    scheduler = LinearLRScheduler(opt, 3, 8, 0.02)
+    program, st = _core()
+    schedule = linear_lr_schedule(0.02, 3, 8)
+    st = apply_schedule(st, schedule)
+    x, y = _batch(1)
+    module(x, y)
+    st, _ = program.train_step(st, x, y)
+    scheduler.step()
+    opt.step()
+    opt.step()
+    scheduler.step()
+    st = apply_schedule(st, schedule)
+    st = program.optimizer_step(program.optimizer_step(st))
+    st = apply_schedule(st, schedule)
+    x, y = _batch(2)
+    loss = module(x, y)
+    st, (want,) = program.train_step(st, x, y)
+    np.testing.assert_allclose(loss, np.asarray(want), rtol=1e-6)
+    _assert_params_equal(_params(state), _core_params(st))
+    assert opt.get_learning_rate() == pytest.approx(float(st.learning_rate), rel=1e-7)
+
+
+def test_a_refused_batch_keeps_the_deferred_calls():
+    state, module, opt = _api()
+    program, st = _core()
+    x, y = _batch(0)
+    module(x, y)
+    opt.step()
+    module.lazy_reset_grad()
+    with pytest.raises(errors.InputError, match="dtype"):
+        module(x.astype(np.float64), y)
+    st, _ = program.train_step(st, x, y)
+    st = program.lazy_reset_grad(program.optimizer_step(st))
+    x, y = _batch(1)
+    loss = module(x, y)
+    st, (want,) = program.train_step(st, x, y)
+    np.testing.assert_allclose(loss, np.asarray(want), rtol=1e-6)
+    _assert_params_equal(_params(state), _core_params(st))
+
+
+def test_set_learning_rate_after_a_deferred_step_leaves_that_step_its_rate():
+    state, module, opt = _api()
+    program, st = _core()
+    x, y = _batch(0)
+    module(x, y)
+    opt.step()
+    opt.set_learning_rate(0.5)  # the step already made used the rate before
+    st, _ = program.train_step(st, x, y)
+    st = set_learning_rate(program.optimizer_step(st), 0.5)
+    _assert_params_equal(_params(state), _core_params(st))
+    assert opt.get_learning_rate() == 0.5
+
+
+def test_a_saved_checkpoint_holds_the_deferred_step(tmp_path):
+    state, module, opt = _api()
+    program, st = _core()
+    x, y = _batch(0)
+    module(x, y)
+    opt.step()
+    CheckpointState.save_checkpoint(state, tmp_path / "ck", include_optimizer_state=True)
+    st, _ = program.train_step(st, x, y)
+    st = program.optimizer_step(st)
+    saved = ckpt.load(tmp_path / "ck")
+    _assert_params_equal({n: np.asarray(v) for n, v in saved.trainable.items()}, _core_params(st))
+    assert saved.optimizer_groups[0].step == 1
+
+
+class _Compiles:
+    def __init__(self):
+        self.count, self.active = 0, False
+        jax.monitoring.register_event_duration_secs_listener(self._on)
+
+    def _on(self, name, secs, **kwargs):
+        if self.active and name == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+    def during(self, fn, *args):
+        self.count, self.active = 0, True
+        try:
+            fn(*args)
+        finally:
+            self.active = False
+        return self.count
+
+
+_COMPILES = _Compiles()
+
+
+def test_the_loop_compiles_one_train_step():
+    # Every combination of deferred calls (none on the first step, all three
+    # later, some after a read ran them) is one compiled program.
+    state, module, opt = _api()
+    scheduler = LinearLRScheduler(opt, 2, 10, 0.05)
+    program = state.session_state.program  # shared with other tests' sessions (ORT's session cache)
+    before = {k: program.trace_count(k) for k in ("train_step_after", "train_step", "train_and_update")}
+    first = _COMPILES.during(module, *_batch(0))
+    assert first >= 1
+    for i in range(1, 7):
+        opt.step()
+        if i % 2:
+            scheduler.step()
+        module.lazy_reset_grad()
+        if i == 3:
+            opt.set_learning_rate(0.01)  # runs the deferred calls at once
+        if i == 5:
+            module.get_contiguous_parameters()
+        assert _COMPILES.during(module, *_batch(i)) == 0, f"step {i} compiled"
+    traced = {k: program.trace_count(k) - n for k, n in before.items()}
+    assert traced == {"train_step_after": 1, "train_step": 0, "train_and_update": 0}
+
+
+def test_the_c_api_session_defers_too():
+    handle = js.load_checkpoint(CASE / "checkpoint")
+    session = js.TrainingSession(handle, CASE / "training_model.onnx", CASE / "eval_model.onnx",
+                                 CASE / "optimizer_model.onnx")
+    program, st = _core()
+    for i in range(3):
+        x, y = _batch(i)
+        (loss,) = session.train_step(x, y)
+        session.optimizer_step()
+        session.lazy_reset_grad()
+        st, (want,) = program.train_step(st, x, y)
+        st = program.lazy_reset_grad(program.optimizer_step(st))
+        np.testing.assert_allclose(loss, np.asarray(want), rtol=1e-6)
+    for name in st.params:
+        np.testing.assert_allclose(js.get_parameter(handle, name), np.asarray(st.params[name]),
+                                   rtol=1e-6, atol=1e-7)
