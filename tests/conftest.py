@@ -7,6 +7,7 @@ draws fresh random examples (and more of them) for a local bug hunt.
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -14,3 +15,38 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("explore", deadline=None, max_examples=200)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+class _CompileCounter:
+    """Counts XLA compilations (jax.monitoring events) while a call runs."""
+
+    def __init__(self):
+        import jax
+
+        self.active = False
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, name, secs, **kwargs):
+        if self.active and name == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+    def during(self, fn, *args):
+        """The number of compilations while ``fn(*args)`` runs."""
+        self.count, self.active = 0, True
+        try:
+            fn(*args)
+        finally:
+            self.active = False
+        return self.count
+
+
+_COMPILES = []
+
+
+@pytest.fixture
+def compiles() -> _CompileCounter:
+    """One process-wide compile counter (jax.monitoring listeners cannot be removed)."""
+    if not _COMPILES:
+        _COMPILES.append(_CompileCounter())
+    return _COMPILES[0]

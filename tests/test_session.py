@@ -487,31 +487,7 @@ def test_cli_export_and_summary(tmp_path, capsys):
     assert cli.main(["summary", str(tmp_path / "missing")]) == 2  # a bad argument: usage error
 
 
-class _CompileCounter:
-    """Counts XLA compilations (jax.monitoring events) while ``active``."""
-
-    def __init__(self):
-        self.active = False
-        self.count = 0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-    def _on_event(self, name, secs, **kwargs):
-        if self.active and name == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
-
-    def compiles(self, fn, *args):
-        self.count, self.active = 0, True
-        try:
-            fn(*args)
-        finally:
-            self.active = False
-        return self.count
-
-
-_COMPILES = _CompileCounter()
-
-
-def test_facade_calls_never_recompile_the_train_step():
+def test_facade_calls_never_recompile_the_train_step(compiles):
     # The lazy-reset flag, the learning rate and new parameter values stay
     # committed to the session's device, so the train step compiled for the
     # first batch serves every later batch of the same shape (an uncommitted
@@ -523,4 +499,4 @@ def test_facade_calls_never_recompile_the_train_step():
         session.lazy_reset_grad()
         session.set_learning_rate(0.01 * i)
         js.update_parameter(state, "fc2.bias", js.get_parameter(state, "fc2.bias") * 0.5)
-        assert _COMPILES.compiles(session.train_step, *_frozen_batch(i)) == 0
+        assert compiles.during(session.train_step, *_frozen_batch(i)) == 0

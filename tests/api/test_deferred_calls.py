@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pathlib
 
-import jax
 import numpy as np
 import pytest
 
@@ -173,35 +172,14 @@ def test_a_saved_checkpoint_holds_the_deferred_step(tmp_path):
     assert saved.optimizer_groups[0].step == 1
 
 
-class _Compiles:
-    def __init__(self):
-        self.count, self.active = 0, False
-        jax.monitoring.register_event_duration_secs_listener(self._on)
-
-    def _on(self, name, secs, **kwargs):
-        if self.active and name == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
-
-    def during(self, fn, *args):
-        self.count, self.active = 0, True
-        try:
-            fn(*args)
-        finally:
-            self.active = False
-        return self.count
-
-
-_COMPILES = _Compiles()
-
-
-def test_the_loop_compiles_one_train_step():
+def test_the_loop_compiles_one_train_step(compiles):
     # Every combination of deferred calls (none on the first step, all three
     # later, some after a read ran them) is one compiled program.
     state, module, opt = _api()
     scheduler = LinearLRScheduler(opt, 2, 10, 0.05)
     program = state.session_state.program  # shared with other tests' sessions (ORT's session cache)
     before = {k: program.trace_count(k) for k in ("train_step_after", "train_step", "train_and_update")}
-    first = _COMPILES.during(module, *_batch(0))
+    first = compiles.during(module, *_batch(0))
     assert first >= 1
     for i in range(1, 7):
         opt.step()
@@ -212,7 +190,7 @@ def test_the_loop_compiles_one_train_step():
             opt.set_learning_rate(0.01)  # runs the deferred calls at once
         if i == 5:
             module.get_contiguous_parameters()
-        assert _COMPILES.during(module, *_batch(i)) == 0, f"step {i} compiled"
+        assert compiles.during(module, *_batch(i)) == 0, f"step {i} compiled"
     traced = {k: program.trace_count(k) - n for k, n in before.items()}
     assert traced == {"train_step_after": 1, "train_step": 0, "train_and_update": 0}
 
