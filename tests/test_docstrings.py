@@ -15,6 +15,7 @@ PUBLIC_MODULES = [
     "jaxort", "jaxort.api", "jaxort.session", "jaxort.training", "jaxort.training.artifacts",
     "jaxort.training.artifacts.gradient", "jaxort.checkpoint", "jaxort.graph", "jaxort.testing",
     "jaxort.backend", "jaxort.errors", "jaxort.distributed", "jaxort.dtypes",
+    "jaxort.onnxblock", "jaxort.onnxblock.blocks", "jaxort.onnxblock.loss", "jaxort.onnxblock.optim",
 ]
 
 

@@ -5,7 +5,9 @@ ONNX Runtime Training: ``training_model.onnx``, ``eval_model.onnx``,
 ``optimizer_model.onnx`` and ``checkpoint``. The loss subgraphs, input and
 output names, input order, optimizer node and checkpoint follow what
 onnxruntime-training 1.19.2 writes (its ``onnxblock`` package), so the eval
-model, optimizer model and checkpoint load in ONNX Runtime unchanged.
+model, optimizer model and checkpoint load in ONNX Runtime unchanged. The
+losses and optimizer models are built with :mod:`jaxort.onnxblock`'s blocks,
+which ``loss`` and ``optimizer`` also take, as ORT's take its own.
 
 The training model holds a gradient graph for ONNX Runtime
 (:mod:`jaxort.training.artifacts.gradient`): one rule per forward node in
@@ -27,7 +29,8 @@ them, and then neither onnxruntime inference nor ORT's own ``Module`` loads
 its eval model.
 
 Part of the training layer: it imports the graph and
-checkpoint layers, never the facades.
+checkpoint layers, and jaxort.onnxblock when first needed (that package
+builds on this module), never the facades.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import enum
 import os
 import pathlib
 from collections.abc import Callable, Sequence
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import onnx
 from onnx import TensorProto, helper
@@ -49,6 +52,9 @@ from jaxort.graph import load_model
 from jaxort.training.artifacts.export import trim_inference_batchnorm_outputs
 from jaxort.training.artifacts.gradient import add_gradient_graph, to_batch_norm_internal
 from jaxort.training.artifacts.read import CUSTOM_LOSS_KEY, CUSTOM_LOSS_LABELS_KEY, loss_label_names
+
+if TYPE_CHECKING:
+    from jaxort import onnxblock
 
 __all__ = [
     "Artifacts",
@@ -61,10 +67,8 @@ __all__ = [
 ]
 
 
-# onnxruntime-training 1.19.2 reads models up to IR version 10 (ONNX 1.16)
-# and writes its optimizer model with ONNX 1.16's IR_VERSION, 10.
+# onnxruntime-training 1.19.2 reads models up to IR version 10 (ONNX 1.16).
 _ORT_MAX_IR_VERSION = 10
-_OPTIMIZER_IR_VERSION = 10
 
 _FLOAT_TYPES = frozenset(
     {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
@@ -115,21 +119,6 @@ class Artifacts:
     label_names: tuple = ()
 
 
-class _Names:
-    """ORT's onnxblock name generator, ``onnx::<token>::<n>``.
-
-    onnxblock numbers names with a process-wide counter; jaxort counts per
-    call, so a generation gives the names ORT gives in a fresh process.
-    """
-
-    def __init__(self, start: int = 0):
-        self.count = start
-
-    def __call__(self, token: str) -> str:
-        self.count += 1
-        return f"onnx::{token}::{self.count}"
-
-
 def _find_output(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:
     for out in model.graph.output:
         if out.name == name:
@@ -138,103 +127,24 @@ def _find_output(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:
         f"{name!r} is not a graph output; the outputs are {[o.name for o in model.graph.output]}")
 
 
-def _value_exists(model: onnx.ModelProto, name: str) -> bool:
-    # onnxblock's node_arg_exists: a name some node reads or writes.
-    return any(name in n.input or name in n.output for n in model.graph.node)
+def _onnxblock():
+    # jaxort.onnxblock builds on this module (its TrainingBlock finishes models
+    # with _training_and_eval), so it is imported when first needed.
+    from jaxort import onnxblock
+
+    return onnxblock
 
 
-def _input_like(model: onnx.ModelProto, like: str, name: str) -> None:
-    # onnxblock.blocks.InputLike: a new graph input typed like an input or output.
-    for vi in list(model.graph.input) + list(model.graph.output):
-        if vi.name == like:
-            clone = copy.deepcopy(vi)
-            clone.name = name
-            model.graph.input.append(clone)
-            return
-    raise TrainingError(f"cannot make a label input like {like!r}: no graph input or output has that name")
+def _loss_block(loss: LossType):
+    onnxblock = _onnxblock()
+    return {LossType.MSELoss: onnxblock.loss.MSELoss, LossType.CrossEntropyLoss: onnxblock.loss.CrossEntropyLoss,
+            LossType.BCEWithLogitsLoss: onnxblock.loss.BCEWithLogitsLoss,
+            LossType.L1Loss: onnxblock.loss.L1Loss}[loss]()
 
 
-def _node(model, names, op_type, inputs, **attrs) -> str:
-    out = names(f"{op_type.lower()}_output")
-    model.graph.node.append(
-        helper.make_node(op_type, list(inputs), [out], names(op_type), **attrs))
-    return out
-
-
-def _pow(model, names, x, exponent) -> str:
-    exp_name = names("pow_exponent")
-    model.graph.initializer.append(helper.make_tensor(exp_name, TensorProto.FLOAT, [1], [exponent]))
-    out = names("pow_output")
-    model.graph.node.append(helper.make_node("Pow", [x, exp_name], [out], name=names("Pow")))
-    return out
-
-
-def _reduce_mean(model, names, x) -> str:
-    # onnxblock's ReduceMean(keepdims=False): no axes, so the node is the same
-    # before and after opset 18 moved axes to an input.
-    return _node(model, names, "ReduceMean", [x], keepdims=False)
-
-
-def _mse_loss(model, names, scores, target="target") -> str:
-    if not _value_exists(model, target):
-        _input_like(model, scores, target)
-    diff = _node(model, names, "Sub", [scores, target])
-    return _reduce_mean(model, names, _pow(model, names, diff, 2.0))
-
-
-def _l1_loss(model, names, scores, target="target") -> str:
-    if not _value_exists(model, target):
-        _input_like(model, scores, target)
-    diff = _node(model, names, "Sub", [scores, target])
-    return _reduce_mean(model, names, _node(model, names, "Abs", [diff]))
-
-
-def _cross_entropy_loss(model, names, scores, labels="labels") -> str:
-    names("celoss.weight")  # onnxblock draws this name even without a weight
-    if not _value_exists(model, labels):
-        # Classes are the last axis: scores (N, C) -> labels (N,), int64.
-        vi = copy.deepcopy(_find_output(model, scores))
-        vi.name = labels
-        vi.type.tensor_type.elem_type = TensorProto.INT64
-        if vi.type.tensor_type.HasField("shape") and vi.type.tensor_type.shape.dim:
-            del vi.type.tensor_type.shape.dim[-1]
-        model.graph.input.append(vi)
-    loss = names("loss")
-    log_prob = names("log_prob")
-    model.graph.node.append(helper.make_node(
-        "SoftmaxCrossEntropyLoss", [scores, labels], [loss, log_prob],
-        reduction="mean", name=names("SoftmaxCrossEntropyLoss")))
-    return loss
-
-
-def _bce_with_logits_loss(model, names, scores, target="target") -> str:
-    # ORT 1.19.2 writes -mean(t*log(sigmoid(x)) + (1-t)*log(1-sigmoid(x))),
-    # not the log-sum-exp form; kept for identical numbers.
-    names("bceloss.pos_weight")
-    names("bceloss.weight")
-    ones = []
-    for _ in range(2):
-        ones.append(names("bceloss.sub_ones"))
-        model.graph.initializer.append(helper.make_tensor(ones[-1], TensorProto.FLOAT, [1], [1.0]))
-    if not _value_exists(model, target):
-        vi = copy.deepcopy(_find_output(model, scores))
-        vi.name = target
-        model.graph.input.append(vi)
-    sig = _node(model, names, "Sigmoid", [scores])
-    pos = _node(model, names, "Mul", [_node(model, names, "Log", [sig]), target])
-    neg = _node(model, names, "Mul", [
-        _node(model, names, "Log", [_node(model, names, "Sub", [ones[0], sig])]),
-        _node(model, names, "Sub", [ones[1], target])])
-    total = _node(model, names, "Neg", [_node(model, names, "Add", [pos, neg])])
-    return _reduce_mean(model, names, total)
-
-
-_LOSSES = {
-    LossType.MSELoss: (_mse_loss, "target"),
-    LossType.CrossEntropyLoss: (_cross_entropy_loss, "labels"),
-    LossType.BCEWithLogitsLoss: (_bce_with_logits_loss, "target"),
-    LossType.L1Loss: (_l1_loss, "target"),
-}
+def _is_jax_loss(loss) -> bool:
+    # A Block is callable too: it is an ONNX loss, not a JAX one.
+    return callable(loss) and not isinstance(loss, (LossType, _onnxblock().Block))
 
 
 def _default_opset(model: onnx.ModelProto) -> int:
@@ -357,52 +267,44 @@ def _mark_no_gradient_graph(model: onnx.ModelProto, trainable: Sequence[str]) ->
 
 
 def _refuse_onnxblock(value, what: str) -> None:
-    # onnxblock's Blocks are callables: without this they would pass for JAX losses.
-    module = type(value).__module__ or ""
-    if module.startswith("onnxruntime.training.onnxblock"):
-        raise TrainingError(
-            f"{what} {type(value).__name__} is an onnxruntime.training.onnxblock block, which jaxort does not "
-            "take yet: give a LossType / OptimType, or a JAX callable loss")
+    # ORT's Blocks are callables: without this they would pass for JAX losses. A
+    # user's own block subclasses ORT's Block, so the whole MRO is looked at.
+    ort = next((c for c in type(value).__mro__
+                if (c.__module__ or "").startswith("onnxruntime.training.onnxblock")), None)
+    if ort is None:
+        return
+    home = {"loss": "loss.", "optim": "optim.", "blocks": "blocks."}.get((ort.__module__.split(".") + [""])[3], "")
+    raise TrainingError(
+        f"{what} {type(value).__name__} is an onnxruntime.training.onnxblock block; jaxort takes the same "
+        f"blocks from jaxort.onnxblock: change the import to `from jaxort import onnxblock` "
+        f"(onnxblock.{home}{ort.__name__})")
 
 
-def _build(model, requires_grad, frozen_params, loss, additional_output_names, loss_input_names,
-           name_offset=0, gradient_graph=None):
-    _refuse_onnxblock(loss, "the loss")
-    base = copy.deepcopy(load_model(model, check=True))
-    names = _Names(name_offset)
-    trainable, frozen = _split_params(base, requires_grad, frozen_params)
-    scores = list(loss_input_names or [o.name for o in base.graph.output])
-    extra = list(additional_output_names or [])
-    n_inputs = len(base.graph.input)
-    custom = callable(loss) and not isinstance(loss, LossType)
-    if loss is None or custom:
-        outputs = scores
-    elif isinstance(loss, LossType):
-        fn, _ = _LOSSES[loss]
-        if loss is LossType.CrossEntropyLoss and _default_opset(base) < 12:
-            raise TrainingError(
-                f"CrossEntropyLoss needs SoftmaxCrossEntropyLoss (opset >= 12); the model has opset "
-                f"{_default_opset(base)}")
-        if not scores:
-            raise TrainingError("the model has no outputs to put a loss on")
-        _find_output(base, scores[0])
-        outputs = [fn(base, names, *scores)]
-    else:
-        raise TrainingError(
-            f"unknown loss {loss!r}: expected a jaxort LossType, a JAX callable, or None")
-    _check(base, "loss graph")
-    inferred = onnx.shape_inference.infer_shapes(base)
-    _register_outputs(inferred, outputs + extra)
-    label_names = tuple(i.name for i in inferred.graph.input[n_inputs:])
-    if custom:
-        label_names = loss_label_names(loss, len(scores))
+def _training_and_eval(forward: onnx.ModelProto, outputs: Sequence[str], trainable: set, frozen: set, *,
+                       gradient_graph: bool = True, properties: Optional[dict] = None):
+    """The training and eval models of a forward + loss model, in ORT's layout.
+
+    Shared by :func:`generate_artifacts` and ``jaxort.onnxblock.TrainingBlock``.
+
+    Args:
+      forward: the checked forward + loss model (not changed).
+      outputs: the graph outputs, the loss first.
+      trainable, frozen: the parameter names.
+      gradient_graph: write the gradient graph (else the NoGradientGraph marker).
+      properties: metadata props for both models.
+
+    Returns:
+      ``(training_model, eval_model, trainable, frozen)``: the parameters as
+      TensorProto lists in initializer order.
+    """
+    inferred = onnx.shape_inference.infer_shapes(forward)
+    _register_outputs(inferred, list(outputs))
     trainable_list = [t for t in inferred.graph.initializer if t.name in trainable]
     frozen_list = [t for t in inferred.graph.initializer if t.name in frozen]
     _move_initializers_to_inputs(inferred, trainable | frozen)
     _ort_readable_ir(inferred)
-    if custom:
-        helper.set_model_props(inferred, {CUSTOM_LOSS_KEY: getattr(loss, "__qualname__", "loss"),
-                                           CUSTOM_LOSS_LABELS_KEY: ",".join(label_names)})
+    if properties:
+        helper.set_model_props(inferred, properties)
     eval_model = copy.deepcopy(inferred)
     _disable_training_mode(eval_model)
     # Unlike ORT 1.19.2, whose eval model onnxruntime then refuses to load.
@@ -415,18 +317,66 @@ def _build(model, requires_grad, frozen_params, loss, additional_output_names, l
     training_model.graph.input.extend(buffers)
     training_model.graph.input.append(
         helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1]))
-    if gradient_graph is None:
-        gradient_graph = not custom
-    if gradient_graph and custom:
-        raise TrainingError("gradient_graph=True needs a loss in ONNX (a LossType, or None with the loss "
-                            "as the model's first output); a JAX callable loss only trains in jaxort")
     order = [vi.name for vi in training_model.graph.input if vi.name in trainable]
     if gradient_graph and order:
         to_batch_norm_internal(training_model)
         add_gradient_graph(training_model, outputs[0], order)
     else:
         _mark_no_gradient_graph(training_model, order)
-    return _Built(training_model, eval_model, trainable_list, frozen_list, label_names), names
+    return training_model, eval_model, trainable_list, frozen_list
+
+
+def _loss_outputs(base: onnx.ModelProto, loss, scores: list) -> list:
+    """Adds the loss to the open base model (a block, checked) and returns the output names."""
+    onnxblock = _onnxblock()
+    if isinstance(loss, LossType):
+        if not scores:
+            raise TrainingError("the model has no outputs to put a loss on")
+        _find_output(base, scores[0])
+        block = _loss_block(loss)
+    elif isinstance(loss, (onnxblock.ForwardBlock, onnxblock.TrainingBlock)):
+        raise TrainingError(
+            f"the loss {type(loss).__name__} is a {type(loss).__mro__[1].__name__}, which builds a whole model; "
+            "give a plain onnxblock.Block whose build returns the loss name")
+    elif isinstance(loss, onnxblock.Block):
+        block = loss
+    else:
+        raise TrainingError(
+            f"unknown loss {loss!r}: expected a jaxort LossType, a jaxort.onnxblock Block, a JAX callable, "
+            "or None")
+    return onnxblock.blocks._output_names(block(*scores), f"the loss {type(block).__name__}")
+
+
+def _build(model, requires_grad, frozen_params, loss, additional_output_names, loss_input_names,
+           name_offset=0, gradient_graph=None):
+    _refuse_onnxblock(loss, "the loss")
+    base = load_model(model, check=True)
+    trainable, frozen = _split_params(base, requires_grad, frozen_params)
+    scores = list(loss_input_names or [o.name for o in base.graph.output])
+    extra = list(additional_output_names or [])
+    n_inputs = len(base.graph.input)
+    custom = _is_jax_loss(loss)
+    if gradient_graph is None:
+        gradient_graph = not custom
+    if gradient_graph and custom:
+        raise TrainingError("gradient_graph=True needs a loss in ONNX (a LossType, an onnxblock Block, or None "
+                            "with the loss as the model's first output); a JAX callable loss only trains in jaxort")
+    with _onnxblock().base(base, name_offset=name_offset) as handle:
+        if loss is None or custom:
+            outputs = scores
+            _check(handle.model, "loss graph")
+        else:
+            outputs = _loss_outputs(handle.model, loss, scores)
+    forward = handle.model
+    label_names = tuple(i.name for i in forward.graph.input[n_inputs:])
+    properties = None
+    if custom:
+        label_names = loss_label_names(loss, len(scores))
+        properties = {CUSTOM_LOSS_KEY: getattr(loss, "__qualname__", "loss"),
+                      CUSTOM_LOSS_LABELS_KEY: ",".join(label_names)}
+    training_model, eval_model, trainable_list, frozen_list = _training_and_eval(
+        forward, outputs + extra, trainable, frozen, gradient_graph=gradient_graph, properties=properties)
+    return _Built(training_model, eval_model, trainable_list, frozen_list, label_names), handle.name_count
 
 
 def build_training_model(model, requires_grad=None, frozen_params=None, loss=None, *,
@@ -462,9 +412,10 @@ def build_eval_model(model, requires_grad=None, frozen_params=None, loss=None, *
 
 def build_optimizer_model(optimizer: OptimType, param_dtype: int = TensorProto.FLOAT,
                           opset: int = 17, *, name_offset: int = 0) -> onnx.ModelProto:
-    """The optimizer model ORT 1.19.2's ``generate_artifacts`` writes.
+    """The optimizer model ORT 1.19.2's ``generate_artifacts`` writes for an OptimType.
 
-    One com.microsoft node: ``AdamWOptimizer`` with onnxblock's default
+    Built with ``jaxort.onnxblock.optim.AdamW()`` / ``SGD()``. One
+    com.microsoft node: ``AdamWOptimizer`` with onnxblock's default
     attributes (alpha 0.9, beta 0.999, epsilon 1e-6, weight_decay 0,
     correct_bias 1, adam_mode 1), or ``SGDOptimizerV2``. Inputs are
     learning_rate, step, and tensor sequences params, gradients,
@@ -480,45 +431,37 @@ def build_optimizer_model(optimizer: OptimType, param_dtype: int = TensorProto.F
 
     Returns:
       The optimizer ModelProto.
+
+    Raises:
+      TrainingError: an unknown optimizer.
     """
-    names = _Names(name_offset)
-    model = onnx.ModelProto()
-    model.ir_version = _OPTIMIZER_IR_VERSION
-    model.producer_name = "orttraining"
-    model.graph.name = "graph"
-    model.opset_import.extend((helper.make_opsetid("com.microsoft", 1), helper.make_opsetid("", opset)))
-    g = model.graph
-    g.input.extend([helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
-                    helper.make_tensor_value_info("step", TensorProto.INT64, [1])])
-    for name in ("params", "gradients", "first_order_moments"):
-        g.input.append(helper.make_tensor_sequence_value_info(name, param_dtype, None))
-    if optimizer is OptimType.AdamW:
-        g.input.append(helper.make_tensor_sequence_value_info("second_order_moments", param_dtype, None))
-        out = names("adamw.updated_flag")
-        g.node.append(helper.make_node(
-            "AdamWOptimizer",
-            ["learning_rate", "step", "params", "gradients", "first_order_moments",
-             "second_order_moments"],
-            [out], name=names("AdamWOptimizer"), domain="com.microsoft",
-            alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.0, correct_bias=1, adam_mode=1))
-    elif optimizer is OptimType.SGD:
-        out = names("update_completed")
-        # ORT 1.19.2 passes (learning_rate, params, gradients); step and the
-        # moments stay unused graph inputs.
-        g.node.append(helper.make_node("SGDOptimizerV2", ["learning_rate", "params", "gradients"],
-                                       [out], name=names("SGDOptimizerV2"), domain="com.microsoft"))
-    else:
+    onnxblock = _onnxblock()
+    blocks = {OptimType.AdamW: onnxblock.optim.AdamW, OptimType.SGD: onnxblock.optim.SGD}
+    if not isinstance(optimizer, OptimType):
         raise TrainingError(f"unknown optimizer {optimizer!r}: expected OptimType.AdamW or OptimType.SGD")
-    g.output.append(helper.make_tensor_value_info(out, TensorProto.BOOL, [1]))
-    return model
+    # The block reads only the parameters' element type.
+    parameters = ([TensorProto(name="param", data_type=param_dtype)], [])
+    return _optimizer_model(blocks[optimizer](), parameters, opset, name_offset)
+
+
+def _optimizer_model(block, parameters, opset: int, name_offset: int) -> onnx.ModelProto:
+    """An optimizer block's model, built as ORT's generate_artifacts builds it (a fresh empty base)."""
+    onnxblock = _onnxblock()
+    if not isinstance(block, onnxblock.ForwardBlock):
+        raise TrainingError(
+            f"the optimizer {type(block).__name__} is a plain Block; an optimizer block must be a ForwardBlock "
+            "(onnxblock.optim.AdamW, onnxblock.optim.SGD, or a ForwardBlock of your own)")
+    with onnxblock.empty_base(opset, name_offset=name_offset):
+        block(parameters)
+        return block.to_model_proto()
 
 
 def generate_artifacts(
     model,
     requires_grad: Optional[Sequence[str]] = None,
     frozen_params: Optional[Sequence[str]] = None,
-    loss: Union[LossType, Callable, None] = None,
-    optimizer: Optional[OptimType] = None,
+    loss: Union[LossType, onnxblock.Block, Callable, None] = None,
+    optimizer: Union[OptimType, onnxblock.Block, None] = None,
     artifact_directory: Union[str, os.PathLike, None] = None,
     prefix: str = "",
     ort_format: bool = False,
@@ -552,12 +495,18 @@ def generate_artifacts(
         initializer not in ``frozen_params`` (ORT 1.19.2 would train nothing).
       frozen_params: initializers kept as frozen parameters (in the
         checkpoint, not trained). Initializers in neither list stay constants.
-      loss: a :class:`LossType`; a JAX callable ``loss(*outputs, *labels) ->
-        scalar`` (jaxort-only: the models then end at the loss inputs, and the
-        callable comes back in the result for
-        ``TrainProgram.from_artifacts(..., loss_fn=...)``); or None (the
-        model's first output is the loss).
-      optimizer: :class:`OptimType`; None writes no optimizer model.
+      loss: a :class:`LossType`; a ``jaxort.onnxblock.Block`` (a custom loss,
+        as ORT takes an ``onnxblock.Block``: it is called with the loss input
+        names and returns the loss name, or the loss and other outputs); a
+        JAX callable ``loss(*outputs, *labels) -> scalar`` (jaxort-only: the
+        models then end at the loss inputs, and the callable comes back in
+        the result for ``TrainProgram.from_artifacts(..., loss_fn=...)``); or
+        None (the model's first output is the loss).
+      optimizer: :class:`OptimType`, or a ``jaxort.onnxblock`` optimizer
+        block (``onnxblock.optim.AdamW(weight_decay=0.01)``, ``SGD()``, or a
+        ForwardBlock of your own) called with ``(trainable, frozen)``
+        parameters in an empty base model, as ORT does; None writes no
+        optimizer model.
       artifact_directory: where to write (created if missing); default the
         current directory.
       prefix: prepended to every file name.
@@ -579,7 +528,9 @@ def generate_artifacts(
 
     Raises:
       TrainingError: unknown or conflicting parameters, an unknown loss or
-        optimizer, an invalid resulting model, or an unsupported option.
+        optimizer (ORT's own onnxblock blocks included: use jaxort.onnxblock's),
+        an invalid resulting model, or an unsupported option. Nothing is
+        written then.
 
     Example:
       >>> generate_artifacts("model.onnx", loss=LossType.CrossEntropyLoss,
@@ -590,12 +541,21 @@ def generate_artifacts(
     if custom_op_library is not None:
         raise TrainingError("custom_op_library is not supported: jaxort runs no ORT kernels")
     _refuse_onnxblock(optimizer, "the optimizer")
-    if optimizer is not None and not isinstance(optimizer, OptimType):
-        raise TrainingError(f"unknown optimizer {optimizer!r}: expected OptimType.AdamW or OptimType.SGD")
-    built, names = _build(model, requires_grad, frozen_params, loss, additional_output_names,
-                          loss_input_names, gradient_graph=gradient_graph)
-    if optimizer is not None and not built.trainable:
-        raise TrainingError("an optimizer model needs at least one trainable parameter")
+    if optimizer is not None and not isinstance(optimizer, (OptimType, _onnxblock().Block)):
+        raise TrainingError(f"unknown optimizer {optimizer!r}: expected OptimType.AdamW, OptimType.SGD or a "
+                            "jaxort.onnxblock optimizer block (onnxblock.optim.AdamW(...), SGD(...))")
+    built, name_count = _build(model, requires_grad, frozen_params, loss, additional_output_names,
+                               loss_input_names, gradient_graph=gradient_graph)
+    opt = None
+    if optimizer is not None:
+        if not built.trainable:
+            raise TrainingError("an optimizer model needs at least one trainable parameter")
+        # ORT builds the optimizer in a fresh empty model, its names continuing the loss's count.
+        opset = _default_opset(built.eval_model)
+        if isinstance(optimizer, OptimType):
+            opt = build_optimizer_model(optimizer, built.trainable[0].data_type, opset, name_offset=name_count)
+        else:
+            opt = _optimizer_model(optimizer, (built.trainable, built.frozen), opset, name_count)
 
     out_dir = pathlib.Path(artifact_directory) if artifact_directory is not None else pathlib.Path.cwd()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -607,12 +567,9 @@ def generate_artifacts(
     _ckpt.save_tensors(built.trainable, built.frozen, paths["checkpoint"], nominal=False)
     if nominal_checkpoint:
         _ckpt.save_tensors(built.trainable, built.frozen, paths["nominal_checkpoint"], nominal=True)
-    if optimizer is not None:
-        opt = build_optimizer_model(optimizer, built.trainable[0].data_type,
-                                    _default_opset(built.eval_model),
-                                    name_offset=names.count)
+    if opt is not None:
         onnx.save(opt, paths["optimizer_model.onnx"])
-    custom = callable(loss) and not isinstance(loss, LossType)
+    custom = _is_jax_loss(loss)
     return Artifacts(
         training_model=paths["training_model.onnx"],
         eval_model=paths["eval_model.onnx"],

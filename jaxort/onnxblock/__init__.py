@@ -1,0 +1,63 @@
+"""Build training artifacts from blocks: a drop-in for ``onnxruntime.training.onnxblock``.
+
+Custom losses and optimizers written for ORT's onnxblock port by changing the
+import::
+
+    from jaxort import onnxblock
+    from jaxort.training import artifacts
+
+    class WeightedLoss(onnxblock.Block):
+        def __init__(self):
+            super().__init__()
+            self.mse, self.ce = onnxblock.loss.MSELoss(), onnxblock.loss.CrossEntropyLoss()
+            self.add, self.mul, self.w = onnxblock.blocks.Add(), onnxblock.blocks.Mul(), onnxblock.blocks.Constant(0.5)
+
+        def build(self, regression, scores):
+            return self.add(self.mse(regression), self.mul(self.w(), self.ce(scores)))
+
+    artifacts.generate_artifacts(model, requires_grad=[...], loss=WeightedLoss(),
+                                 optimizer=onnxblock.optim.AdamW(weight_decay=0.01))
+
+What is here, with ORT 1.19.2's names, arguments and defaults:
+
+- :class:`Block` (and :mod:`~jaxort.onnxblock.blocks`: Add, Sub, Mul, Div, Pow,
+  Neg, Abs, Log, Sigmoid, ReduceMean, ReduceSum, ReduceAllL2, Constant, Clip,
+  Cast, Linear, InputLike, PassThrough, SequenceConstruct, LabelEncoder),
+  :class:`ForwardBlock`, :class:`TrainingBlock`;
+- :mod:`~jaxort.onnxblock.loss`: MSELoss, CrossEntropyLoss, BCEWithLogitsLoss, L1Loss;
+- :mod:`~jaxort.onnxblock.optim`: AdamW, SGD, ClipGradNorm (and the node
+  blocks AdamWOptimizer, SGDOptimizer);
+- the contexts :func:`base` and :func:`empty_base`, and
+  :func:`save_checkpoint` / :func:`load_checkpoint_to_model`.
+
+Blocks make the nodes and names ORT's make. The gradient graph is jaxort's
+(:mod:`jaxort.training.artifacts.gradient`, standard ONNX ops that ORT
+trains); errors are jaxort's: :class:`jaxort.errors.StateError` (a
+RuntimeError, as ORT raises) for calls out of order, such as a block called
+outside a base context, and :class:`jaxort.errors.TrainingError` for bad
+arguments. See docs/onnxblock.md.
+
+Part of the training layer: imports the artifact generator and the
+checkpoint layer, never the facades.
+"""
+
+from jaxort.onnxblock import blocks, loss, optim
+from jaxort.onnxblock._checkpoint import load_checkpoint_to_model, save_checkpoint
+from jaxort.onnxblock._context import ModelAccessor, base, custom_op_library, empty_base
+from jaxort.onnxblock._training import ForwardBlock, TrainingBlock
+from jaxort.onnxblock.blocks import Block
+
+__all__ = [
+    "Block",
+    "ForwardBlock",
+    "ModelAccessor",
+    "TrainingBlock",
+    "base",
+    "blocks",
+    "custom_op_library",
+    "empty_base",
+    "load_checkpoint_to_model",
+    "loss",
+    "optim",
+    "save_checkpoint",
+]
