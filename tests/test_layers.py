@@ -50,6 +50,7 @@ LAYER_OF_PATH = {
     "backend.py": "graph",
     "training/": "training",
     "distributed.py": "training",  # re-exports jaxort.training.distributed
+    "onnxblock/": "training",  # ORT's onnxblock API over jaxort.training.artifacts
     "testing/": "testing",
     "session.py": "facades",
     "api/": "facades",

@@ -20,7 +20,7 @@ import onnx
 
 from jaxort.errors import StateError, TrainingError
 from jaxort.onnxblock.blocks import Block, _output_names
-from jaxort.training.artifacts.generate import _check, _register_outputs, _split_params, _training_and_eval
+from jaxort.training.artifacts._assemble import _check, _register_outputs, _split_params, _training_and_eval
 
 __all__ = ["ForwardBlock", "TrainingBlock"]
 

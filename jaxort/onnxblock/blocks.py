@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
 from jaxort.onnxblock import _context
-from jaxort.training.artifacts.generate import _check
+from jaxort.training.artifacts._assemble import _check
 
 __all__ = [
     "Abs",
