@@ -55,12 +55,6 @@ TRAINING_ONLY = {"ConcatTraining", "SplitTraining", "LSTMTraining", "GRUTraining
                  "PassThrough", "YieldOp"}
 
 
-# Models whose ORT gradient graph jaxort writes (tools/ort_trains_jaxort_artifacts.py
-# --models: ONNX Runtime trains them to its own numbers).
-WITH_GRADIENT_GRAPH = {"bert", "distilbert", "gpt2", "t5", "vit", "resnet18", "mobilenet_v3_small",
-                       "efficientnet_b0"}
-
-
 def _load(case):
     root = MODELS / case
     case_info = json.loads((root / "case.json").read_text())
@@ -186,10 +180,7 @@ def test_jaxort_generate_artifacts_trains_like_ort(case, tmp_path):
         loss=LossType[case_info["loss"]],
         optimizer=OptimType.AdamW,
         artifact_directory=str(tmp_path),
-        # With the gradient graph ONNX Runtime trains from (which jaxort reads past), where
-        # every op on the loss path has a rule; jaxort-only files for the LSTM and GRU models.
-        gradient_graph=case in WITH_GRADIENT_GRAPH,
-    )
+    )  # with the gradient graph ONNX Runtime trains from, which jaxort reads past
     losses, grads, state, _ = _train(tmp_path, case_info, arrays, with_eval=False)
     np.testing.assert_allclose(losses, arrays["expected/losses"], rtol=LOSS_RTOL, err_msg=f"{case} losses")
     if info["ill_conditioned"]:

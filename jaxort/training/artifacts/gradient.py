@@ -19,8 +19,13 @@ recomputes the forward pass. A rule per ONNX op stays at the level of the
 model, reuses the forward values the graph already has, and names the op it
 cannot differentiate.
 
-The rules cover the ops of MLPs, CNNs and ORT's losses (see :data:`RULES`);
-any other op on the path from a trainable parameter to the loss is a
+LSTM and GRU are the exception: their rules write ORT's own
+``LSTMTraining``/``LSTMGrad`` and ``GRUTraining``/``GRUGrad`` pairs (one
+node each instead of a node group per time step; docs/gradient-graph.md
+says why).
+
+The rules cover the ops of MLPs, CNNs, transformers, LSTMs, GRUs and ORT's
+losses (see :data:`RULES` and :data:`MS_RULES`); any other op on the path from a trainable parameter to the loss is a
 :class:`jaxort.errors.TrainingError` naming the node and op, raised before
 any file is written.
 
@@ -112,6 +117,7 @@ def _shapes(model: onnx.ModelProto) -> dict:
     """name -> (elem_type, dims or None); a dim is an int, a dim_param string, or None."""
     # onnx's shape inference does not know BatchNormInternal; its output 0 has the shape
     # of a BatchNormalization's.
+    # Nor LSTMTraining and GRUTraining; their first outputs are an LSTM's and a GRU's.
     plain = onnx.ModelProto()
     plain.CopyFrom(model)
     for node in plain.graph.node:
@@ -121,6 +127,10 @@ def _shapes(model: onnx.ModelProto) -> dict:
             kept = [a for a in node.attribute if a.name in ("epsilon", "momentum")]
             del node.attribute[:]
             node.attribute.extend(kept)
+        elif node.op_type in _RNN_TRAINING.values() and node.domain == _MS_DOMAIN:
+            plain_op = next(k for k, v in _RNN_TRAINING.items() if v == node.op_type)
+            node.op_type, node.domain = plain_op, ""
+            del node.output[_RNN_STATES[plain_op]:]
     inferred = onnx.shape_inference.infer_shapes(plain, strict_mode=False)
     out = {}
     infos = [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]
@@ -296,6 +306,30 @@ def _like_input(em, node, dys, needs):
     """Reshape-like ops (Flatten, Reshape, Squeeze, Unsqueeze): dx is dy in x's shape."""
     dx = em.op("Reshape", [dys[0], em.op("Shape", [node.input[0]])])
     return [dx] + [None] * (len(node.input) - 1)
+
+
+def _slice(em, node, dys, needs):
+    # dx is dy padded with zeros back to x's shape: static starts, ends, axes, steps of 1
+    # (as exporters slice parameters, e.g. PyTorch reordering an LSTM's gates).
+    dims = em.dims(node.input[0])
+    given = [em.static(i) if i else None for i in list(node.input[1:]) + [""] * (5 - len(node.input))]
+    starts, ends, axes, steps = given
+    if dims is None or any(not isinstance(d, int) for d in dims):
+        raise _error(node, "has an input of unknown shape")
+    if starts is None or ends is None or (node.input[3:4] and node.input[3] and axes is None) or \
+            (node.input[4:5] and node.input[4] and steps is None):
+        raise _error(node, "has starts, ends, axes or steps that are not constants")
+    axes = range(len(starts)) if axes is None else [int(a) % len(dims) for a in axes]
+    steps = [1] * len(starts) if steps is None else [int(k) for k in steps]
+    if any(k != 1 for k in steps):
+        raise _error(node, f"has steps {steps}; only steps of 1 have a gradient rule")
+    begin, after = [0] * len(dims), [0] * len(dims)
+    for axis, start, end in zip(axes, starts, ends):
+        dim = dims[axis]
+        start = min(max(int(start) + dim if start < 0 else int(start), 0), dim)
+        end = min(max(int(end) + dim if end < 0 else int(end), 0), dim)
+        begin[axis], after[axis] = start, dim - max(start, end)
+    return [em.op("Pad", [dys[0], em.ints(begin + after)])] + [None] * (len(node.input) - 1)
 
 
 def _expand(em, node, dys, needs):
@@ -723,8 +757,103 @@ def _batch_norm_internal(em, node, dys, needs):
     return out
 
 
+# LSTM and GRU: ORT's training forms and gradient ops. An unrolled backward pass in
+# standard ops would be a node group per time step, fixed to one sequence length; ORT's
+# LSTMGrad and GRUGrad kernels are in every ORT build, so the rules write what ORT's
+# gradient builder writes: the forward node becomes LSTMTraining / GRUTraining (the same
+# math, with the all-hidden states, all-cell states and gate values as extra outputs)
+# and one LSTMGrad / GRUGrad node reads them.
+
+_RNN_TRAINING = {"LSTM": "LSTMTraining", "GRU": "GRUTraining"}
+_RNN_STATES = {"LSTM": 3, "GRU": 2}  # Y, Y_h (, Y_c): the outputs of the standard op
+_RNN_SAVED = {"LSTM": ("all_cell_states", "iofc"), "GRU": ("zrh",)}
+_RNN_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
+
+
+def _rnn_unsupported(em: _Emitter, node, plain_op: str) -> Optional[str]:
+    """Why ORT 1.19.2 cannot train this LSTM or GRU with its gradient op, or None."""
+    attrs = _attrs(node)
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    names = [a.decode().lower() if isinstance(a, bytes) else a.lower() for a in attrs.get("activations", [])]
+    why = None
+    if direction != "forward":
+        why = f"runs in direction {direction!r}"
+    elif names and names != _RNN_ACTIVATIONS[plain_op]:
+        why = f"has activations {names}, not the default {_RNN_ACTIVATIONS[plain_op]}"
+    elif "clip" in attrs:
+        why = "clips its cell inputs"
+    elif int(attrs.get("input_forget", 0)):
+        why = "couples its input and forget gates (input_forget=1)"
+    elif int(attrs.get("layout", 0)):
+        why = "has layout=1 (batch first)"
+    elif len(node.input) > 4 and node.input[4]:
+        why = "takes sequence_lens"
+    elif em.shapes.get(node.input[0], (None,))[0] not in (TensorProto.FLOAT, None):
+        why = "is not float32"
+    if why is not None:
+        return (f"{why}, and ONNX Runtime's {plain_op}Grad kernel only runs the forward, float32, "
+                f"default-activation, unclipped form without sequence_lens")
+    if plain_op == "LSTM" and len(node.input) > 7 and node.input[7]:
+        # Measured in tests/training/test_gradient_graph.py: every gradient off by ~10%.
+        return ("has peephole weights, with which ONNX Runtime 1.19.2's LSTMGrad computes wrong "
+                "gradients (its forward is right)")
+    return None
+
+
+def _recurrent(plain_op: str) -> Callable:
+    def rule(em, node, dys, needs):
+        # ORT's LSTMGrad reads X, W, R, sequence_lens, initial_h, initial_c (not B or P);
+        # GRUGrad reads X, W, R, B, sequence_lens, initial_h. Both then read the saved
+        # values and the gradients of Y and Y_h (and Y_c), and write the gradients of the
+        # inputs but sequence_lens, in input order. The kernels always write dW and dR.
+        n_states = _RNN_STATES[plain_op]
+        if any(d is not None for d in dys[n_states:]):
+            raise _error(node, "has its saved cell states or gate values on the path to the loss")
+        why = _rnn_unsupported(em, node, plain_op)
+        if why is not None:
+            raise _error(node, why)
+        if node.domain in ("", "ai.onnx"):
+            outputs = list(node.output)[:n_states] + [""] * (n_states - len(node.output))
+            outputs[0] = outputs[0] or em.name("all_hidden_states")
+            outputs += [em.name(what) for what in _RNN_SAVED[plain_op]]
+            del node.output[:]
+            node.output.extend(outputs)
+            kept = [a for a in node.attribute if a.name != "layout"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+            node.op_type, node.domain = _RNN_TRAINING[plain_op], _MS_DOMAIN
+        elif len(node.output) < n_states + len(_RNN_SAVED[plain_op]) or not node.output[0]:
+            raise _error(node, f"lacks the all-hidden-states or saved outputs {plain_op}Grad reads")
+        ins = list(node.input) + [""] * (6 - len(node.input))
+        if plain_op == "LSTM":
+            ins += [""] * (7 - len(ins))
+            reads = [ins[i] for i in (0, 1, 2, 4, 5, 6)] + [node.output[0], *node.output[3:5]]
+        else:
+            reads = ins[:6] + [node.output[0], node.output[2]]
+        reads += [d or "" for d in dys[:n_states]]
+        writes = []
+        out = [None] * len(node.input)
+        for i, x in enumerate(node.input):
+            if i == 4:
+                continue
+            name = ""
+            if x and (needs[i] or i in (1, 2)):
+                name = em.name(f"{plain_op}Grad")
+                if needs[i]:
+                    out[i] = name
+            writes.append(name)
+        grad = helper.make_node(f"{plain_op}Grad", reads, writes, name=em.name(f"{plain_op}Grad_node"),
+                                domain=_MS_DOMAIN)
+        grad.attribute.extend(node.attribute)
+        em.nodes.append(grad)
+        return out
+    return rule
+
+
 #: com.microsoft op type -> rule: the training forms generate_artifacts writes.
-MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal}
+MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal,
+                  "LSTMTraining": _recurrent("LSTM"), "GRUTraining": _recurrent("GRU")}
 
 
 def to_batch_norm_internal(model: onnx.ModelProto) -> None:
@@ -768,13 +897,14 @@ RULES: dict = {
     "Relu": _elementwise(_relu), "Sigmoid": _elementwise(_sigmoid), "Tanh": _elementwise(_tanh),
     "Pow": _pow, "Identity": _identity, "Cast": _cast, "Dropout": _dropout,
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
-    "Expand": _expand, "Transpose": _transpose,
+    "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
     "ReduceSum": _reduce(mean=False), "ReduceMean": _reduce(mean=True),
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "MaxPool": _max_pool,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
     "Softmax": _softmax, "LogSoftmax": _log_softmax, "Erf": _elementwise(_erf),
     "Gather": _gather, "Concat": _concat, "Split": _split,
     "GlobalAveragePool": _global_average_pool, "LayerNormalization": _layer_normalization,
+    "LSTM": _recurrent("LSTM"), "GRU": _recurrent("GRU"),
 }
 
 
