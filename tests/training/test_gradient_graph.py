@@ -687,3 +687,21 @@ def test_gru_gradients_in_ort_equal_jax_grad(linear_before_reset, with_bias_and_
         return jnp.concatenate([o.ravel() for o in outs])
 
     _check(nodes, {}, params, ref)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_a_recurrent_node_read_only_through_its_final_state(op):
+    # Y is not an output of the forward node: the training form still writes the all-hidden
+    # states its gradient op reads, and only the final state's gradient reaches it.
+    _ort_training_kernels()
+    gates = 4 if op == "LSTM" else 3
+    params = {"x": _rand(5, 3, 4, seed=95), "w": _rand(1, gates * 6, 4, seed=96, low=-.5, high=.5),
+              "rec": _rand(1, gates * 6, 6, seed=97, low=-.5, high=.5)}
+    nodes = [N(op, ["x", "w", "rec"], ["", "Y_h"], hidden_size=6), N("Identity", ["Y_h"], ["y"])]
+
+    def ref(p, d):
+        if op == "LSTM":
+            return _lstm_reference(p["x"], p["w"], p["rec"], None, None, None, None)[1]
+        return _gru_reference(p["x"], p["w"], p["rec"], None, None, 0)[1]
+
+    _check(nodes, {}, params, ref)
