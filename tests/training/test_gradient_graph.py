@@ -488,7 +488,8 @@ def test_a_slice_with_steps_is_named():
 # --------------------------------------------------------------------------- LSTM and GRU
 # ORT's gradient ops: the emitted nodes are compared with the ones ORT 1.19.2 wrote in its
 # own training models of the corpus's LSTM and GRU classifiers; their numbers are checked
-# where onnxruntime-training's kernels are importable (the oracle environment), and by
+# in jaxort's LSTMGrad and GRUGrad against float64 PyTorch, where onnxruntime-training's
+# kernels are importable (the oracle environment) against jax.grad, and by
 # tools/ort_trains_jaxort_artifacts.py --models.
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "models"
@@ -705,3 +706,45 @@ def test_a_recurrent_node_read_only_through_its_final_state(op):
         return _gru_reference(p["x"], p["w"], p["rec"], None, None, 0)[1]
 
     _check(nodes, {}, params, ref)
+
+
+def _gradients_in_jaxort(model: onnx.ModelProto, trainable, feeds) -> list:
+    """The training model's ``<param>_grad`` values, run by jaxort's graph executor
+    (accumulators cut off as in _gradient_session)."""
+    from jaxort.graph import JaxGraph
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    nodes = [n for n in m.graph.node if n.op_type != "InPlaceAccumulatorV2"]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    del m.graph.output[:]
+    m.graph.output.extend(onnx.ValueInfoProto(name=gradient_name(p)) for p in trainable)
+    inputs = [i for i in m.graph.input
+              if not i.name.endswith("_grad.accumulation.buffer") and i.name != "lazy_reset_grad"]
+    del m.graph.input[:]
+    m.graph.input.extend(inputs)
+    g = JaxGraph(m, params=[], check=False)
+    return [np.asarray(v) for v in g.apply(g.params, *(feeds[i.name] for i in g.inputs))]
+
+
+@pytest.mark.parametrize("case", ["lstm", "gru"])
+def test_recurrent_gradient_graphs_equal_float64_pytorch(case, tmp_path):
+    # The gradient graph jaxort writes for the corpus's LSTM and GRU, run in jaxort (its
+    # LSTMGrad and GRUGrad are checked against finite differences in
+    # tests/graph/ops/test_microsoft_training.py), against float64 PyTorch's gradients at
+    # the initial parameters on batch 0.
+    info = json.loads((MODELS / case / "case.json").read_text())
+    generate_artifacts(MODELS / case / "model.onnx", requires_grad=info["requires_grad"],
+                       frozen_params=info["frozen_params"], loss=LossType[info["loss"]],
+                       optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    start = ckpt.load(tmp_path / "checkpoint")
+    batches = np.load(MODELS / case / "batches.npz")
+    model = onnx.load(tmp_path / "training_model.onnx")
+    labels = [i.name for i in model.graph.input][len(info["input_names"])]
+    feeds = {**start.trainable, **start.frozen, labels: batches["train::labels"][0],
+             **{n: batches[f"train::{n}"][0] for n in info["input_names"]}}
+    got = _gradients_in_jaxort(model, info["requires_grad"], feeds)
+    torch64 = np.load(MODELS / case / "torch_reference.npz")
+    for p, g in zip(info["requires_grad"], got):
+        np.testing.assert_allclose(g, torch64[f"float64::grad0::{p}"], rtol=1e-4, atol=1e-6, err_msg=p)

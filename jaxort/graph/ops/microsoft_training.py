@@ -109,6 +109,129 @@ def gru_training(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activat
                     with_gates=True)
 
 
+# ---- LSTMGrad and GRUGrad: back-propagation through time from the saved values ----
+
+
+def _forward_rnn_only(op, direction, activations, clip):
+    # ORT's kernels run only this form (and refuse the others at session creation).
+    names = [a.decode() if isinstance(a, bytes) else a for a in (activations or [])]
+    default = ["sigmoid", "tanh", "tanh"] if op == "LSTMGrad" else ["sigmoid", "tanh"]
+    if direction != "forward" or (names and [a.lower() for a in names] != default) or clip is not None:
+        raise OpError(f"{op} runs only the forward direction with the default activations and no clip "
+                      f"(as ONNX Runtime 1.19.2's kernel); got direction={direction!r}, activations={names}, "
+                      f"clip={clip}")
+
+
+@register("LSTMGrad", since=1, domain=MS)
+def lstm_grad(x, w, r, sequence_lens=None, initial_h=None, initial_c=None, all_hidden=None, all_cell=None,
+              iofc=None, grad_all_hidden=None, grad_final_h=None, grad_final_c=None, *, activation_alpha=None,
+              activation_beta=None, activations=None, clip=None, direction="forward", hidden_size,
+              input_forget=0):
+    """com.microsoft::LSTMGrad-1: the gradients of LSTMTraining from its saved states and gates.
+
+    -> dX, dW, dR, dB, dH0, dC0, dP. Like ORT's kernel it is not given the peephole
+    weights, so it differentiates an LSTM without them (dP is the gradient at P = 0;
+    ONNX Runtime 1.19.2's own results with peepholes are wrong, see docs/migration.md).
+    """
+    _forward_rnn_only("LSTMGrad", direction, activations, clip)
+    _no_sequence_lens(sequence_lens, "LSTMGrad")
+    if input_forget:
+        raise OpError("LSTMGrad does not take input_forget=1 (ONNX Runtime 1.19.2 refuses it too)")
+    if all_hidden is None or all_cell is None or iofc is None:
+        raise OpError("LSTMGrad needs the all-hidden states, all-cell states and iofc gates of LSTMTraining")
+    hs = hidden_size
+    zeros = jnp.zeros((x.shape[1], hs), x.dtype)
+    h0 = zeros if initial_h is None else initial_h[0]
+    c0 = zeros if initial_c is None else initial_c[0]
+    hall, call, gates = all_hidden[:, 0], all_cell[:, 0], iofc[:, 0]
+    h_prev = jnp.concatenate([h0[None], hall[:-1]])
+    c_prev = jnp.concatenate([c0[None], call[:-1]])
+    dh_all = jnp.zeros_like(hall) if grad_all_hidden is None else jnp.asarray(grad_all_hidden)[:, 0]
+    dh_last = zeros if grad_final_h is None else grad_final_h[0]
+    dc_last = zeros if grad_final_c is None else grad_final_c[0]
+    rd = r[0]
+
+    def step(carry, t):
+        dh_next, dc_next = carry
+        dh_own, c, cp, g = t
+        dh = dh_own + dh_next  # the step's own gradient and the one through the recurrence
+        i, o, f, cc = (g[:, k * hs:(k + 1) * hs] for k in range(4))
+        tc = jnp.tanh(c)
+        dc = dc_next + dh * o * (1 - tc * tc)
+        da = jnp.concatenate([dc * cc * i * (1 - i), dh * tc * o * (1 - o), dc * cp * f * (1 - f),
+                              dc * i * (1 - cc * cc)], axis=-1)
+        return (da @ rd, dc * f), da
+
+    dh_all = dh_all.at[-1].add(dh_last)
+    (dh0, dc0), da = jax.lax.scan(step, (zeros, dc_last), (dh_all, call, c_prev, gates), reverse=True)
+    dx = da @ w[0]
+    dw = jnp.einsum("sbg,sbi->gi", da, x)[None]
+    dr = jnp.einsum("sbg,sbh->gh", da, h_prev)[None]
+    db = jnp.sum(da, axis=(0, 1))
+    dp = jnp.concatenate([jnp.sum(da[..., :hs] * c_prev, axis=(0, 1)), jnp.sum(da[..., hs:2 * hs] * call, axis=(0, 1)),
+                          jnp.sum(da[..., 2 * hs:3 * hs] * c_prev, axis=(0, 1))])
+    return dx, dw, dr, jnp.concatenate([db, db])[None], dh0[None], dc0[None], dp[None]
+
+
+@register("GRUGrad", since=1, domain=MS)
+def gru_grad(x, w, r, b=None, sequence_lens=None, initial_h=None, all_hidden=None, zrh=None,
+             grad_all_hidden=None, grad_final_h=None, *, activation_alpha=None, activation_beta=None,
+             activations=None, clip=None, direction="forward", hidden_size, linear_before_reset=0):
+    """com.microsoft::GRUGrad-1: the gradients of GRUTraining from its saved states and gates.
+
+    -> dX, dW, dR, dB, dH0.
+    """
+    _forward_rnn_only("GRUGrad", direction, activations, clip)
+    _no_sequence_lens(sequence_lens, "GRUGrad")
+    if all_hidden is None or zrh is None:
+        raise OpError("GRUGrad needs the all-hidden states and zrh gates of GRUTraining")
+    hs = hidden_size
+    zeros = jnp.zeros((x.shape[1], hs), x.dtype)
+    h0 = zeros if initial_h is None else initial_h[0]
+    hall, gates = all_hidden[:, 0], zrh[:, 0]
+    h_prev = jnp.concatenate([h0[None], hall[:-1]])
+    dh_all = jnp.zeros_like(hall) if grad_all_hidden is None else jnp.asarray(grad_all_hidden)[:, 0]
+    dh_all = dh_all.at[-1].add(zeros if grad_final_h is None else grad_final_h[0])
+    rd = r[0]
+    rz_r, rh = rd[:2 * hs], rd[2 * hs:]
+    rbh = jnp.zeros((hs,), x.dtype) if b is None else b[0, 5 * hs:]
+
+    def step(dh_next, t):
+        dh_own, hp, g = t
+        dh = dh_own + dh_next
+        z, rt, hh = g[:, :hs], g[:, hs:2 * hs], g[:, 2 * hs:]
+        dah = dh * (1 - z) * (1 - hh * hh)
+        daz = dh * (hp - hh) * z * (1 - z)
+        dhp = dh * z
+        if linear_before_reset:
+            q = hp @ rh.T + rbh
+            dq = dah * rt
+            dr_gate = dah * q
+            dhp = dhp + dq @ rh
+            dq_rec = dq
+        else:
+            ds = dah @ rh
+            dr_gate = ds * hp
+            dhp = dhp + ds * rt
+            dq_rec = dah
+        dar = dr_gate * rt * (1 - rt)
+        dzr = jnp.concatenate([daz, dar], axis=-1)
+        return dhp + dzr @ rz_r, (jnp.concatenate([dzr, dah], axis=-1), dq_rec)
+
+    dh0, (da, dq) = jax.lax.scan(step, zeros, (dh_all, h_prev, gates), reverse=True)
+    dx = da @ w[0]
+    dw = jnp.einsum("sbg,sbi->gi", da, x)[None]
+    if linear_before_reset:
+        dr_h = jnp.einsum("sbg,sbh->gh", dq, h_prev)
+    else:
+        rts = gates[..., hs:2 * hs]
+        dr_h = jnp.einsum("sbg,sbh->gh", dq, rts * h_prev)
+    dr = jnp.concatenate([jnp.einsum("sbg,sbh->gh", da[..., :2 * hs], h_prev), dr_h])[None]
+    dwb = jnp.sum(da, axis=(0, 1))
+    drb = jnp.concatenate([dwb[:2 * hs], jnp.sum(dq, axis=(0, 1))])
+    return dx, dw, dr, jnp.concatenate([dwb, drb])[None], dh0[None]
+
+
 # ---- the Dropout family ----
 
 _BITS = 32  # ORT packs dropout masks into uint32 words (kNumBitsPerBitmaskElement)

@@ -25,7 +25,7 @@ from jaxort.graph import JaxGraph, x64_enabled_scope
 MS = "com.microsoft"
 
 COVERED_OPS = {
-    "ConcatTraining", "SplitTraining", "ReduceSumTraining", "LSTMTraining", "GRUTraining",
+    "ConcatTraining", "SplitTraining", "ReduceSumTraining", "LSTMTraining", "GRUTraining", "LSTMGrad", "GRUGrad",
     "BitmaskDropout", "BiasDropout", "BitmaskBiasDropout", "SoftmaxCrossEntropyLossInternal",
     "NegativeLogLikelihoodLossInternal", "SoftmaxCrossEntropy", "SparseSoftmaxCrossEntropy",
 }
@@ -471,6 +471,61 @@ def test_gru_training_gradients_match_finite_differences(lbr):
 
     for name, g in zip(wrt, got):
         np.testing.assert_allclose(g, _fd_grad(loss(name), ins[name]), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("with_states", [False, True])
+def test_lstm_grad_matches_finite_differences(with_states):
+    # LSTMGrad from the saved values numpy's LSTM computes, against central differences of
+    # the same numpy LSTM (cotangents on Y, Y_h and Y_c, as ORT's gradient builder feeds).
+    rng = np.random.default_rng(13)
+    seq, batch, inp, hs = 4, 2, 3, 2
+    ins = {"x": rng.standard_normal((seq, batch, inp)), "w": rng.standard_normal((1, 4 * hs, inp)) * .5,
+           "r": rng.standard_normal((1, 4 * hs, hs)) * .5, "b": rng.standard_normal((1, 8 * hs)) * .3,
+           "h0": rng.standard_normal((1, batch, hs)) if with_states else None,
+           "c0": rng.standard_normal((1, batch, hs)) if with_states else None}
+    order = ["x", "w", "r", "b", "h0", "c0"]
+    hall, ht, ct, call, iofc = _np_lstm(*(ins[k] for k in order))
+    cots = _cotangents([hall.shape, ht.shape, ct.shape], seed=14)
+    feeds = {"x": ins["x"], "w": ins["w"], "r": ins["r"], "sl": None, "h0": ins["h0"], "c0": ins["c0"],
+             "hall": hall, "call": call, "iofc": iofc, "dy": cots[0], "dyh": cots[1], "dyc": cots[2]}
+    with x64_enabled_scope():
+        got = _run("LSTMGrad", feeds, ["dx", "dw", "dr", "db", "dh0", "dc0", "dp"], {"hidden_size": hs})
+
+    def loss(name):
+        def f(v):
+            outs = _np_lstm(*(v if k == name else ins[k] for k in order))
+            return sum(np.sum(o * c) for o, c in zip(outs, cots))
+        return f
+
+    for name, g in zip(order, got):
+        if ins[name] is not None:
+            np.testing.assert_allclose(g, _fd_grad(loss(name), ins[name]), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("lbr", [0, 1])
+def test_gru_grad_matches_finite_differences(lbr):
+    rng = np.random.default_rng(15)
+    seq, batch, inp, hs = 4, 2, 3, 2
+    ins = {"x": rng.standard_normal((seq, batch, inp)), "w": rng.standard_normal((1, 3 * hs, inp)) * .5,
+           "r": rng.standard_normal((1, 3 * hs, hs)) * .5, "b": rng.standard_normal((1, 6 * hs)) * .3,
+           "h0": rng.standard_normal((1, batch, hs))}
+    hall, ht, zrh = _np_gru(ins["x"], ins["w"], ins["r"], ins["b"], ins["h0"], lbr)
+    cots = _cotangents([hall.shape, ht.shape], seed=16)
+    feeds = {"x": ins["x"], "w": ins["w"], "r": ins["r"], "b": ins["b"], "sl": None, "h0": ins["h0"],
+             "hall": hall, "zrh": zrh, "dy": cots[0], "dyh": cots[1]}
+    with x64_enabled_scope():
+        got = _run("GRUGrad", feeds, ["dx", "dw", "dr", "db", "dh0"],
+                   {"hidden_size": hs, "linear_before_reset": lbr})
+
+    def loss(name):
+        def f(v):
+            vals = dict(ins, **{name: v})
+            outs = _np_gru(vals["x"], vals["w"], vals["r"], vals["b"], vals["h0"], lbr)
+            return sum(np.sum(o * c) for o, c in zip(outs, cots))
+        return f
+
+    for name, g in zip(["x", "w", "r", "b", "h0"], got):
+        np.testing.assert_allclose(g, _fd_grad(loss(name), ins[name]), rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_loss_gradients_match_finite_differences():
