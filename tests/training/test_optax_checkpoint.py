@@ -367,3 +367,14 @@ def test_an_optax_optimizer_needs_a_transform():
     p = {"w": jnp.full(4, 3.0)}
     updates, _ = opt.update(p, opt.init(p), p, learning_rate=jnp.float32(0.1))
     np.testing.assert_allclose(float(optax.tree.norm(updates)), 1.0, rtol=1e-6)
+
+
+def test_onnx_runtime_loads_the_parameters_of_an_optax_checkpoint(tmp_path):
+    ort_api = pytest.importorskip("onnxruntime.training.api", reason="needs onnxruntime-training (the oracle "
+                                                                   "environment)")
+    program, start = _program(_clip_adamw())
+    state, _ = _train(program, program.init_state(start), range(SAVE_AT))
+    ckpt.save(program.to_checkpoint(state), tmp_path / "c", include_optimizer_state=True)
+    loaded = ort_api.CheckpointState.load_checkpoint(str(tmp_path / "c"))
+    for n in PARAMS:
+        np.testing.assert_array_equal(np.asarray(loaded.parameters[n].data), np.asarray(state.params[n]))
