@@ -25,7 +25,8 @@ node each instead of a node group per time step; docs/gradient-graph.md
 says why).
 
 The rules cover the ops of MLPs, CNNs, transformers, LSTMs, GRUs and ORT's
-losses (see :data:`RULES` and :data:`MS_RULES`); any other op on the path from a trainable parameter to the loss is a
+losses (see :data:`RULES` and :data:`MS_RULES`); any other op on the path
+from a trainable parameter to the loss is a
 :class:`jaxort.errors.TrainingError` naming the node and op, raised before
 any file is written.
 
@@ -789,7 +790,7 @@ def _rnn_unsupported(em: _Emitter, node, plain_op: str) -> Optional[str]:
         why = "has layout=1 (batch first)"
     elif len(node.input) > 4 and node.input[4]:
         why = "takes sequence_lens"
-    elif em.shapes.get(node.input[0], (None,))[0] not in (TensorProto.FLOAT, None):
+    elif em.shapes.get(node.input[0], (0,))[0] not in (TensorProto.FLOAT, TensorProto.UNDEFINED):
         why = "is not float32"
     if why is not None:
         return (f"{why}, and ONNX Runtime's {plain_op}Grad kernel only runs the forward, float32, "
