@@ -30,7 +30,7 @@ GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 CASES = ["mlp_adamw", "mlp_sgd", "mlp_frozen", "cnn_bce", "l1_gemm"]
 
 
-def _gradient_session(model: onnx.ModelProto, trainable) -> ort.InferenceSession:
+def _gradient_model(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
     """The training model with its accumulators cut off and the gradients as outputs."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -48,7 +48,13 @@ def _gradient_session(model: onnx.ModelProto, trainable) -> ort.InferenceSession
         kept = [o for o in m.opset_import if o.domain != "com.microsoft"]
         del m.opset_import[:]
         m.opset_import.extend(kept)
-    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return m
+
+
+def _gradient_session(model: onnx.ModelProto, trainable) -> ort.InferenceSession:
+    """onnxruntime on :func:`_gradient_model`."""
+    return ort.InferenceSession(_gradient_model(model, trainable).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -709,22 +715,10 @@ def test_a_recurrent_node_read_only_through_its_final_state(op):
 
 
 def _gradients_in_jaxort(model: onnx.ModelProto, trainable, feeds) -> list:
-    """The training model's ``<param>_grad`` values, run by jaxort's graph executor
-    (accumulators cut off as in _gradient_session)."""
+    """The training model's ``<param>_grad`` values, run by jaxort's graph executor."""
     from jaxort.graph import JaxGraph
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    nodes = [n for n in m.graph.node if n.op_type != "InPlaceAccumulatorV2"]
-    del m.graph.node[:]
-    m.graph.node.extend(nodes)
-    del m.graph.output[:]
-    m.graph.output.extend(onnx.ValueInfoProto(name=gradient_name(p)) for p in trainable)
-    inputs = [i for i in m.graph.input
-              if not i.name.endswith("_grad.accumulation.buffer") and i.name != "lazy_reset_grad"]
-    del m.graph.input[:]
-    m.graph.input.extend(inputs)
-    g = JaxGraph(m, params=[], check=False)
+    g = JaxGraph(_gradient_model(model, trainable), params=[], check=False)
     return [np.asarray(v) for v in g.apply(g.params, *(feeds[i.name] for i in g.inputs))]
 
 

@@ -128,8 +128,8 @@ def _shapes(model: onnx.ModelProto) -> dict:
             kept = [a for a in node.attribute if a.name in ("epsilon", "momentum")]
             del node.attribute[:]
             node.attribute.extend(kept)
-        elif node.op_type in _RNN_TRAINING.values() and node.domain == _MS_DOMAIN:
-            plain_op = next(k for k, v in _RNN_TRAINING.items() if v == node.op_type)
+        elif node.op_type in _RNN_PLAIN and node.domain == _MS_DOMAIN:
+            plain_op = _RNN_PLAIN[node.op_type]
             node.op_type, node.domain = plain_op, ""
             del node.output[_RNN_STATES[plain_op]:]
     inferred = onnx.shape_inference.infer_shapes(plain, strict_mode=False)
@@ -766,6 +766,7 @@ def _batch_norm_internal(em, node, dys, needs):
 # and one LSTMGrad / GRUGrad node reads them.
 
 _RNN_TRAINING = {"LSTM": "LSTMTraining", "GRU": "GRUTraining"}
+_RNN_PLAIN = {v: k for k, v in _RNN_TRAINING.items()}
 _RNN_STATES = {"LSTM": 3, "GRU": 2}  # Y, Y_h (, Y_c): the outputs of the standard op
 _RNN_SAVED = {"LSTM": ("all_cell_states", "iofc"), "GRU": ("zrh",)}
 _RNN_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
@@ -826,9 +827,8 @@ def _recurrent(plain_op: str) -> Callable:
             node.op_type, node.domain = _RNN_TRAINING[plain_op], _MS_DOMAIN
         elif len(node.output) < n_states + len(_RNN_SAVED[plain_op]) or not node.output[0]:
             raise _error(node, f"lacks the all-hidden-states or saved outputs {plain_op}Grad reads")
-        ins = list(node.input) + [""] * (6 - len(node.input))
+        ins = list(node.input) + [""] * 7  # absent optional inputs read as ""
         if plain_op == "LSTM":
-            ins += [""] * (7 - len(ins))
             reads = [ins[i] for i in (0, 1, 2, 4, 5, 6)] + [node.output[0], *node.output[3:5]]
         else:
             reads = ins[:6] + [node.output[0], node.output[2]]

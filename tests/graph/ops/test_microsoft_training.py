@@ -423,6 +423,16 @@ def _cotangents(shapes, seed=9):
     return [None if s is None else rng.standard_normal(s) for s in shapes]
 
 
+def _weighted_output_sum(fn, ins, order, cots):
+    """name -> f(v): sum_k <cots[k], fn(...)[k]> with the input ``name`` replaced by v."""
+    def loss(name):
+        def f(v):
+            outs = fn(*(v if k == name else ins[k] for k in order))
+            return sum(np.sum(o * c) for o, c in zip(outs, cots))
+        return f
+    return loss
+
+
 def test_lstm_training_gradients_match_finite_differences():
     rng = np.random.default_rng(11)
     seq, batch, inp, hs = 3, 2, 3, 2
@@ -438,13 +448,7 @@ def test_lstm_training_gradients_match_finite_differences():
                      cots)
     order = ["x", "w", "r", "b", "h0", "c0", "p"]
 
-    def loss(name):
-        def f(v):
-            vals = {k: ins[k] for k in order}
-            vals[name] = v
-            outs = _np_lstm(*(vals[k] for k in order))
-            return sum(np.sum(o * c) for o, c in zip(outs, cots))
-        return f
+    loss = _weighted_output_sum(_np_lstm, ins, order, cots)
 
     for name, g in zip(wrt, got):
         np.testing.assert_allclose(g, _fd_grad(loss(name), ins[name]), rtol=1e-5, atol=1e-7)
@@ -462,12 +466,7 @@ def test_gru_training_gradients_match_finite_differences(lbr):
     got = _jax_grads("GRUTraining", ins, ["a", "b_", "c"],
                      {"hidden_size": hs, "linear_before_reset": lbr}, wrt, cots)
 
-    def loss(name):
-        def f(v):
-            vals = dict(ins, **{name: v})
-            outs = _np_gru(vals["x"], vals["w"], vals["r"], vals["b"], vals["h0"], lbr)
-            return sum(np.sum(o * c) for o, c in zip(outs, cots))
-        return f
+    loss = _weighted_output_sum(lambda *a: _np_gru(*a, lbr), ins, ["x", "w", "r", "b", "h0"], cots)
 
     for name, g in zip(wrt, got):
         np.testing.assert_allclose(g, _fd_grad(loss(name), ins[name]), rtol=1e-5, atol=1e-7)
@@ -491,11 +490,7 @@ def test_lstm_grad_matches_finite_differences(with_states):
     with x64_enabled_scope():
         got = _run("LSTMGrad", feeds, ["dx", "dw", "dr", "db", "dh0", "dc0", "dp"], {"hidden_size": hs})
 
-    def loss(name):
-        def f(v):
-            outs = _np_lstm(*(v if k == name else ins[k] for k in order))
-            return sum(np.sum(o * c) for o, c in zip(outs, cots))
-        return f
+    loss = _weighted_output_sum(_np_lstm, ins, order, cots)
 
     for name, g in zip(order, got):
         if ins[name] is not None:
@@ -517,12 +512,7 @@ def test_gru_grad_matches_finite_differences(lbr):
         got = _run("GRUGrad", feeds, ["dx", "dw", "dr", "db", "dh0"],
                    {"hidden_size": hs, "linear_before_reset": lbr})
 
-    def loss(name):
-        def f(v):
-            vals = dict(ins, **{name: v})
-            outs = _np_gru(vals["x"], vals["w"], vals["r"], vals["b"], vals["h0"], lbr)
-            return sum(np.sum(o * c) for o, c in zip(outs, cots))
-        return f
+    loss = _weighted_output_sum(lambda *a: _np_gru(*a, lbr), ins, ["x", "w", "r", "b", "h0"], cots)
 
     for name, g in zip(["x", "w", "r", "b", "h0"], got):
         np.testing.assert_allclose(g, _fd_grad(loss(name), ins[name]), rtol=1e-5, atol=1e-7, err_msg=name)
