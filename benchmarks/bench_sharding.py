@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from jaxort import checkpoint  # noqa: E402
 from jaxort.demo import build_digits_mlp  # noqa: E402
 from jaxort.training import TrainProgram, make_mesh, set_learning_rate, shard  # noqa: E402
-from jaxort.training.artifacts import LossType, OptimType, generate_artifacts  # noqa: E402
+from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts  # noqa: E402
 
 BATCH, HIDDEN = 256, 512
 STEPS, ROUNDS = 100, 5
@@ -32,7 +32,8 @@ STEPS, ROUNDS = 100, 5
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        arts = generate_artifacts(build_digits_mlp(HIDDEN, 0), loss=LossType.CrossEntropyLoss,
+        model = build_digits_mlp(HIDDEN, 0)
+        arts = generate_artifacts(model, float_initializers(model), loss=LossType.CrossEntropyLoss,
                                   optimizer=OptimType.AdamW, artifact_directory=tmp)
         start = checkpoint.load(arts.checkpoint)
         prog = TrainProgram.from_artifacts(arts.training_model, arts.eval_model, arts.optimizer_model,

@@ -581,19 +581,26 @@ def main(argv=None) -> int:
     folders = {}
     for name in names:
         folders[name] = prepare(name)
+    report["prepare_wall_s"] = time.perf_counter() - wall
     for threads in cfg["threads"]:
         for name in names:
             print(f"== {name} threads={threads}", file=sys.stderr, flush=True)
+            start = time.perf_counter()
             config = _subprocess(["--worker", name, "--threads", threads, f"--{mode}",
                                   "--folders", json.dumps(folders[name])], pinned=threads == "1")
+            config["wall_s"] = time.perf_counter() - start  # the subprocess, imports and compiles included
             _add_ratios(config)
             report["configs"].append(config)
     print("== checkpoint", file=sys.stderr, flush=True)
+    start = time.perf_counter()
     report["checkpoint"] = _subprocess(["--checkpoint", str(cfg["checkpoint_mb"])])
+    report["checkpoint"]["wall_s"] = time.perf_counter() - start
     print("== soak", file=sys.stderr, flush=True)
     w5 = folders.get("W5") or prepare("W5")
+    start = time.perf_counter()
     report["soak"] = _subprocess(["--soak", str(cfg["soak_steps"]), "--folders", json.dumps(w5)],
                                  timeout=3600)
+    report["soak"]["wall_s"] = time.perf_counter() - start
     report["wall_s"] = time.perf_counter() - wall
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{mode}.json"), "w") as f:
@@ -673,8 +680,22 @@ def markdown(report) -> str:
     lines += ["", f"**Soak**: W5 under jaxort.api ({sk['artifacts']} artifacts), {sk['steps']} steps, "
               f"{sk['steps_per_s']:.0f} steps/s; RSS {sk['rss_mb'][0][1]:.0f} MB at step {sk['rss_mb'][0][0]}, "
               f"growth from step {sk['reference_step']} to the end {100 * sk['rss_growth_after_reference']:+.2f}%.",
-              "", f"Suite wall time {report['wall_s']:.0f} s."]
+              "", f"Suite wall time {report['wall_s']:.0f} s" + _wall_parts(report) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _wall_parts(report) -> str:
+    # Where the wall time went (reports written before these were recorded have none).
+    if "prepare_wall_s" not in report:
+        return ""
+    by_threads: dict = {}
+    for c in report["configs"]:
+        by_threads.setdefault(c["threads"], []).append(f"{c['workload']} {c.get('wall_s', 0):.0f}")
+    parts = [f"artifacts {report['prepare_wall_s']:.0f} s"]
+    parts += [f"{'default threads' if t == 'default' else 'pinned'}: " + ", ".join(v)
+              for t, v in by_threads.items()]
+    parts += [f"checkpoint {report['checkpoint'].get('wall_s', 0):.0f}", f"soak {report['soak'].get('wall_s', 0):.0f}"]
+    return " (" + "; ".join(parts) + ")"
 
 
 if __name__ == "__main__":

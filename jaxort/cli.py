@@ -271,12 +271,15 @@ def _run_train(args) -> int:
 
 
 def _run_generate(args) -> None:
-    from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
+    from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts
 
     _regular_file(args.model, "model")
     _output_dir(args.out, "--out")
+    requires_grad = args.requires_grad
+    if requires_grad is None:
+        requires_grad = float_initializers(args.model, exclude=args.frozen or ())
     arts = generate_artifacts(
-        args.model, requires_grad=args.requires_grad, frozen_params=args.frozen,
+        args.model, requires_grad=requires_grad, frozen_params=args.frozen,
         loss=LossType[args.loss], optimizer=OptimType[args.optimizer], artifact_directory=args.out,
         additional_output_names=args.additional_outputs, nominal_checkpoint=args.nominal_checkpoint,
         gradient_graph=args.gradient_graph)

@@ -140,7 +140,7 @@ def run_demo(
 
     from jaxort import api
     from jaxort.train_loop import plot_loss_curve
-    from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
+    from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts
 
     start = time.perf_counter()
     out = pathlib.Path(out_dir) if out_dir is not None else pathlib.Path(
@@ -150,9 +150,10 @@ def run_demo(
     x_train, y_train, x_test, y_test = _split(seed, test_fraction)
     log(f"digits: {len(x_train)} train / {len(x_test)} held-out images, MLP 64-{hidden}-10")
 
+    model = build_digits_mlp(hidden, seed)
     arts = generate_artifacts(
-        build_digits_mlp(hidden, seed), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
-        artifact_directory=art_dir, additional_output_names=["output"])
+        model, requires_grad=float_initializers(model), loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW, artifact_directory=art_dir, additional_output_names=["output"])
     state = api.CheckpointState.load_checkpoint(str(arts.checkpoint))
     module = api.Module(str(arts.training_model), state, str(arts.eval_model))
     optimizer = api.Optimizer(str(arts.optimizer_model), module)

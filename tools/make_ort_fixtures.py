@@ -23,9 +23,12 @@ Cases (float32, fixed seeds, so regenerating gives the same files):
   ``loss_input_names=["out_a"]``, ``additional_output_names=["out_b"]``;
   MSELoss, SGD. Opset 17, IR 8.
 - ``gemm_l1_adamw``: Gemm(transB=1) + Sigmoid at opset 13, IR 7; L1Loss, AdamW.
+- ``mlp_no_requires_grad_ce``: the MLP of ``mlp_frozen_ce_adamw`` with
+  ``requires_grad=None`` and ``fc1.*`` frozen: ORT trains nothing; no
+  optimizer (ORT's optimizer generation fails with nothing to train).
 
 Each folder holds ``model.onnx`` (the input), ORT's ``training_model.onnx``,
-``eval_model.onnx``, ``optimizer_model.onnx``, ``checkpoint`` (and
+``eval_model.onnx``, ``optimizer_model.onnx`` (where an optimizer is asked for), ``checkpoint`` (and
 ``nominal_checkpoint``), and ``args.json`` (the arguments and the name
 counter before the call).
 
@@ -145,6 +148,10 @@ CASES = {
         loss_input_names=["out_a"], additional_output_names=["out_b"])),
     "gemm_l1_adamw": (_gemm_l1, dict(
         requires_grad=["fc.weight", "fc.bias"], frozen_params=[], loss="L1Loss", optimizer="AdamW")),
+    # requires_grad=None: ORT trains nothing (and fails to build an optimizer).
+    "mlp_no_requires_grad_ce": (_mlp_frozen, dict(
+        requires_grad=None, frozen_params=["fc1.weight", "fc1.bias"], loss="CrossEntropyLoss",
+        optimizer=None)),
 }
 
 
@@ -159,7 +166,7 @@ def main(argv: list[str]) -> None:
         onnx.save(model, os.path.join(case_dir, "model.onnx"))
         kwargs = dict(args)
         kwargs["loss"] = artifacts.LossType[args["loss"]]
-        kwargs["optimizer"] = artifacts.OptimType[args["optimizer"]]
+        kwargs["optimizer"] = args["optimizer"] and artifacts.OptimType[args["optimizer"]]
         offset = _graph_utils._GRAPH_TOKEN
         artifacts.generate_artifacts(model, artifact_directory=case_dir, **kwargs)
         with open(os.path.join(case_dir, "args.json"), "w") as f:

@@ -169,18 +169,20 @@ np.testing.assert_allclose(apply(trained, x)[0], y_reference, rtol=1e-5, atol=1e
 # ## 6. ONNX Runtime Training artifacts, trained through `jaxort.api`
 #
 # `generate_artifacts` writes the four files ONNX Runtime Training uses
-# (training, eval and optimizer models, and a checkpoint); here with an MSE
-# loss, whose label input is named `target`, and AdamW. `jaxort.api` reads
+# (training, eval and optimizer models, and a checkpoint); here training
+# every weight (`requires_grad` names them; as in ONNX Runtime, None trains
+# nothing), with an MSE loss, whose label input is named `target`, and
+# AdamW. `jaxort.api` reads
 # them with the names of `onnxruntime.training.api`: the same script trains
 # on devices with ONNX Runtime and here with JAX, and the saved checkpoint
 # goes back to ONNX Runtime unchanged.
 
 # %%
 from jaxort import api
-from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
+from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts
 
-artifacts = generate_artifacts(model, loss=LossType.MSELoss, optimizer=OptimType.AdamW,
-                               artifact_directory=workdir.name)
+artifacts = generate_artifacts(model, requires_grad=float_initializers(model), loss=LossType.MSELoss,
+                               optimizer=OptimType.AdamW, artifact_directory=workdir.name)
 state = api.CheckpointState.load_checkpoint(str(artifacts.checkpoint))
 module = api.Module(str(artifacts.training_model), state, str(artifacts.eval_model))
 opt = api.Optimizer(str(artifacts.optimizer_model), module)

@@ -301,8 +301,8 @@ def test_orts_own_blocks_are_refused_pointing_at_jaxort_onnxblock(what, value, m
 ])
 def test_bad_optimizer_blocks_write_nothing(optimizer, message, helpers, tmp_path):
     with pytest.raises(TrainingError, match=message):
-        generate_artifacts(helpers.two_head_model(helpers.two_head_params()), loss=helpers.weighted_losses(onnxblock),
-                           optimizer=optimizer, artifact_directory=tmp_path)
+        generate_artifacts(helpers.two_head_model(helpers.two_head_params()), TRAINABLE,
+                           loss=helpers.weighted_losses(onnxblock), optimizer=optimizer, artifact_directory=tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -116,10 +116,11 @@ def main():
 
     # The demo-sized MLP (64-64-10) under fsdp: how much of the parameters one device holds.
     from jaxort.demo import build_digits_mlp
-    from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
+    from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        arts = generate_artifacts(build_digits_mlp(64, 0), loss=LossType.CrossEntropyLoss,
+        model = build_digits_mlp(64, 0)
+        arts = generate_artifacts(model, float_initializers(model), loss=LossType.CrossEntropyLoss,
                                   optimizer=OptimType.AdamW, artifact_directory=tmp)
         start = checkpoint.load(arts.checkpoint)
         prog = TrainProgram.from_artifacts(arts.training_model, arts.eval_model, arts.optimizer_model,

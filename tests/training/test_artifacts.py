@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from jaxort import checkpoint as ckpt
-from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
+from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts
 from jaxort.errors import TrainingError
 from jaxort.graph import JaxGraph
 from jaxort.training import TrainProgram, set_learning_rate
@@ -114,7 +114,7 @@ def test_artifacts_match_ort_generated(case, tmp_path):
     args = json.loads((ORT_GENERATED / case / "args.json").read_text())
     offset = args.pop("name_offset")
     args["loss"] = LossType[args["loss"]]
-    args["optimizer"] = OptimType[args["optimizer"]]
+    args["optimizer"] = args["optimizer"] and OptimType[args["optimizer"]]
     ref = ORT_GENERATED / case
     arts = generate_artifacts(ref / "model.onnx", artifact_directory=tmp_path, **args)
 
@@ -139,10 +139,13 @@ def test_artifacts_match_ort_generated(case, tmp_path):
             assert list(mine) == list(other)
             assert [v.dtype for v in mine.values()] == [v.dtype for v in other.values()]
 
-    opt_ours = str(onnx.load(arts.optimizer_model))
-    opt_theirs = str(onnx.load(ref / "optimizer_model.onnx"))
-    delta = _first_index(opt_theirs) - _first_index(opt_ours)
-    assert _renumber(opt_ours, delta) == opt_theirs
+    if args["optimizer"] is None:
+        assert arts.optimizer_model is None and not (ref / "optimizer_model.onnx").exists()
+    else:
+        opt_ours = str(onnx.load(arts.optimizer_model))
+        opt_theirs = str(onnx.load(ref / "optimizer_model.onnx"))
+        delta = _first_index(opt_theirs) - _first_index(opt_ours)
+        assert _renumber(opt_ours, delta) == opt_theirs
 
     ours_t = onnx.load(arts.training_model)
     theirs_t = onnx.load(ref / "training_model.onnx")
@@ -153,7 +156,7 @@ def test_artifacts_match_ort_generated(case, tmp_path):
     # Initializers that are neither trainable nor frozen stay constants.
     assert {t.name for t in ours_t.graph.initializer} >= {
         t.name for t in onnx.load(ref / "model.onnx").graph.initializer} - set(
-        args["requires_grad"]) - set(args["frozen_params"])
+        args["requires_grad"] or []) - set(args["frozen_params"])
 
 
 def _first_index(text: str) -> int:
@@ -165,8 +168,8 @@ def test_models_are_readable_by_ort_1_19(tmp_path):
     """ORT 1.19.2 reads IR <= 10: an IR 11 input is lowered to 10, the opset is kept."""
     model = onnx.load(GOLDEN / "l1_gemm" / "model.onnx")
     model.ir_version = 11
-    arts = generate_artifacts(model, loss=LossType.L1Loss, optimizer=OptimType.SGD,
-                              artifact_directory=tmp_path, prefix="p_")
+    arts = generate_artifacts(model, requires_grad=["fc.weight", "fc.bias"], loss=LossType.L1Loss,
+                              optimizer=OptimType.SGD, artifact_directory=tmp_path, prefix="p_")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "p_checkpoint", "p_eval_model.onnx", "p_optimizer_model.onnx", "p_training_model.onnx"]
     for path in (arts.training_model, arts.eval_model, arts.optimizer_model):
@@ -211,6 +214,9 @@ def _labels(loss, rng, n, c):
     return rng.random((n, c)).astype(np.float32)
 
 
+MLP_PARAMS = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+
+
 def _mlp(seed=0, n_in=12, hidden=16, n_out=5):
     rng = np.random.default_rng(seed)
     inits = [
@@ -238,7 +244,7 @@ def test_generated_artifacts_train(loss, optim, tmp_path):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(16, 12)).astype(np.float32)
     y = _labels(loss, rng, 16, 5)
-    arts = generate_artifacts(_mlp(), loss=loss, optimizer=optim, artifact_directory=tmp_path)
+    arts = generate_artifacts(_mlp(), MLP_PARAMS, loss=loss, optimizer=optim, artifact_directory=tmp_path)
     assert arts.label_names == (("labels",) if loss is LossType.CrossEntropyLoss else ("target",))
     start = ckpt.load(arts.checkpoint)
     program = TrainProgram.from_artifacts(arts.training_model, arts.eval_model,
@@ -265,24 +271,46 @@ def test_generated_artifacts_train(loss, optim, tmp_path):
     np.testing.assert_allclose(np.asarray(jax_loss), ort_loss, rtol=1e-5, atol=1e-7)
 
 
-def test_frozen_params_and_default_requires_grad(tmp_path):
-    """requires_grad=None trains every float initializer not frozen; int ones stay constants."""
+def test_requires_grad_none_trains_nothing_and_refuses_an_optimizer(tmp_path):
+    """As ORT 1.19.2: requires_grad=None makes nothing trainable (the files are
+    compared with ORT's in test_artifacts_match_ort_generated[mlp_no_requires_grad_ce]);
+    where ORT's optimizer generation then fails with an IndexError, jaxort
+    names the fix and writes nothing."""
     model = onnx.load(ORT_GENERATED / "mlp_frozen_ce_adamw" / "model.onnx")
-    arts = generate_artifacts(model, frozen_params=["fc1.weight", "fc1.bias"],
+    with pytest.raises(TrainingError, match=r"requires_grad=None trains nothing.*float_initializers"):
+        generate_artifacts(model, frozen_params=["fc1.weight", "fc1.bias"], loss=LossType.CrossEntropyLoss,
+                           optimizer=OptimType.SGD, artifact_directory=tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+    arts = generate_artifacts(model, frozen_params=["fc1.weight", "fc1.bias"], loss=LossType.CrossEntropyLoss,
+                              artifact_directory=tmp_path / "frozen")
+    state = ckpt.load(arts.checkpoint)
+    assert list(state.trainable) == [] and list(state.frozen) == ["fc1.weight", "fc1.bias"]
+    assert arts.optimizer_model is None
+
+
+def test_float_initializers_trains_every_weight(tmp_path):
+    """float_initializers(model, exclude) lists the float initializers (not the int64 shape)."""
+    model = onnx.load(ORT_GENERATED / "mlp_frozen_ce_adamw" / "model.onnx")
+    frozen = ["fc1.weight", "fc1.bias"]
+    names = float_initializers(model, exclude=frozen)
+    assert names == ["fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
+    assert float_initializers(model) == frozen + names
+    arts = generate_artifacts(model, requires_grad=names, frozen_params=frozen,
                               loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD,
                               artifact_directory=tmp_path)
     state = ckpt.load(arts.checkpoint)
-    assert list(state.trainable) == ["fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
-    assert list(state.frozen) == ["fc1.weight", "fc1.bias"]
+    assert list(state.trainable) == names
+    assert list(state.frozen) == frozen
     train = onnx.load(arts.training_model)
     assert [t.name for t in train.graph.initializer] == ["shape"]
-    assert [i.name for i in train.graph.input if i.name.endswith(BUFFER)] == [
-        f"{n}{BUFFER}" for n in state.trainable]
+    assert [i.name for i in train.graph.input if i.name.endswith(BUFFER)] == [f"{n}{BUFFER}" for n in names]
+    # The same files as ORT's, which named the same parameters.
+    assert arts.checkpoint.read_bytes() == (ORT_GENERATED / "mlp_frozen_ce_adamw" / "checkpoint").read_bytes()
 
 
 def test_additional_outputs_and_loss_input_names(tmp_path):
     ref = ORT_GENERATED / "two_outputs_mse_sgd"
-    arts = generate_artifacts(ref / "model.onnx", loss=LossType.MSELoss, optimizer=OptimType.SGD,
+    arts = generate_artifacts(ref / "model.onnx", ["w", "b"], loss=LossType.MSELoss, optimizer=OptimType.SGD,
                               artifact_directory=tmp_path, loss_input_names=["out_a"],
                               additional_output_names=["out_b"])
     rng = np.random.default_rng(3)
@@ -302,7 +330,7 @@ def test_custom_jax_loss(tmp_path):
         d = jnp.abs(output - target)
         return jnp.mean(jnp.where(d < 1.0, 0.5 * d * d, d - 0.5))
 
-    arts = generate_artifacts(_mlp(), loss=smooth_l1, optimizer=OptimType.SGD,
+    arts = generate_artifacts(_mlp(), MLP_PARAMS, loss=smooth_l1, optimizer=OptimType.SGD,
                               artifact_directory=tmp_path)
     assert arts.loss_fn is smooth_l1
     assert arts.label_names == ("target",)
@@ -342,7 +370,8 @@ def test_a_model_made_with_a_jax_loss_needs_that_loss_to_train(tmp_path):
     def weighted(output, target, scale=2.0):
         return scale * jnp.mean((output - target) ** 2)
 
-    arts = generate_artifacts(_mlp(), loss=weighted, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    arts = generate_artifacts(_mlp(), MLP_PARAMS, loss=weighted, optimizer=OptimType.SGD,
+                              artifact_directory=tmp_path)
     assert arts.label_names == ("target",)  # `scale` has a default: an option, not a label
     start = ckpt.load(arts.checkpoint)
     with pytest.raises(TrainingError, match=r"generated with the JAX loss '.*weighted'.*\['target'\]"):

@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from jaxort import checkpoint as ckpt
-from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
+from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts
 from jaxort.errors import InputError, TrainingError
 from jaxort.training import TrainProgram, set_learning_rate
 from jaxort.training.artifacts import export_model_for_inferencing
@@ -41,8 +41,9 @@ def test_matches_ort_export_on_golden():
 
 def test_outputs_equal_eval_mode_forward(tmp_path):
     model = onnx.load(GOLDEN / "model.onnx")
-    arts = generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
-                              artifact_directory=tmp_path, additional_output_names=["output"])
+    arts = generate_artifacts(model, float_initializers(model), loss=LossType.CrossEntropyLoss,
+                              optimizer=OptimType.AdamW, artifact_directory=tmp_path,
+                              additional_output_names=["output"])
     start = ckpt.load(arts.checkpoint)
     program = TrainProgram.from_artifacts(arts.training_model, arts.eval_model,
                                           arts.optimizer_model, checkpoint=start)

@@ -21,7 +21,7 @@ from onnx import TensorProto
 from jaxort import checkpoint
 from jaxort.demo import build_digits_mlp, load_digits
 from jaxort.training import TrainProgram, bfloat16_policy, cast_model, set_learning_rate
-from jaxort.training.artifacts import LossType, OptimType, generate_artifacts, read
+from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts, read
 
 HERE = pathlib.Path(__file__).resolve().parent
 GOLDEN = HERE.parent / "fixtures" / "golden"
@@ -61,7 +61,8 @@ def _digits():
 
 def _curve(model, loss, batch, policy, steps=200, lr=0.001):
     with tempfile.TemporaryDirectory() as tmp:
-        arts = generate_artifacts(model, loss=loss, optimizer=OptimType.AdamW, artifact_directory=tmp,
+        arts = generate_artifacts(model, float_initializers(model), loss=loss, optimizer=OptimType.AdamW,
+                                  artifact_directory=tmp,
                                   gradient_graph=False)  # trained by jaxort only
         start = checkpoint.load(arts.checkpoint)
         prog = TrainProgram.from_artifacts(arts.training_model, arts.eval_model, arts.optimizer_model,

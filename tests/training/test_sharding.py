@@ -81,9 +81,10 @@ def test_api_module_with_a_mesh(eight_devices):
 @pytest.fixture(scope="module")
 def digits():
     from jaxort.demo import build_digits_mlp, load_digits
-    from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
+    from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts
     with tempfile.TemporaryDirectory() as tmp:
-        arts = generate_artifacts(build_digits_mlp(64, 0), loss=LossType.CrossEntropyLoss,
+        model = build_digits_mlp(64, 0)
+        arts = generate_artifacts(model, float_initializers(model), loss=LossType.CrossEntropyLoss,
                                   optimizer=OptimType.AdamW, artifact_directory=tmp,
                                   additional_output_names=["output"])
         start = checkpoint.load(arts.checkpoint)

@@ -30,6 +30,7 @@ from jaxort.training.artifacts.generate import (
     build_eval_model,
     build_optimizer_model,
     build_training_model,
+    float_initializers,
     generate_artifacts,
 )
 from jaxort.training.artifacts.read import (
@@ -61,6 +62,7 @@ __all__ = [
     "custom_loss",
     "describe_training_model",
     "export_model_for_inferencing",
+    "float_initializers",
     "generate_artifacts",
     "loss_label_names",
     "slice_model",

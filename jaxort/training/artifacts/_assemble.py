@@ -49,17 +49,16 @@ def _register_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
     model.graph.output.extend(outputs)
 
 
+def float_initializer_names(base: onnx.ModelProto, exclude: Sequence[str] = ()) -> list:
+    skip = set(exclude)
+    return [t.name for t in base.graph.initializer if t.data_type in _FLOAT_TYPES and t.name not in skip]
+
+
 def _split_params(base: onnx.ModelProto, requires_grad, frozen_params):
     init_names = [t.name for t in base.graph.initializer]
     frozen = list(frozen_params or [])
-    if requires_grad is None:
-        # ORT 1.19.2 trains nothing when requires_grad is None (and its
-        # optimizer generation then fails); jaxort trains every floating-point
-        # initializer that is not frozen.
-        trainable = [t.name for t in base.graph.initializer
-                     if t.data_type in _FLOAT_TYPES and t.name not in set(frozen)]
-    else:
-        trainable = list(requires_grad)
+    # As ORT 1.19.2: requires_grad=None trains nothing.
+    trainable = list(requires_grad or [])
     both = sorted(set(trainable) & set(frozen))
     if both:
         raise TrainingError(

@@ -52,6 +52,7 @@ from jaxort.training.artifacts._assemble import (
     _check,
     _split_params,
     _training_and_eval,
+    float_initializer_names,
 )
 from jaxort.training.artifacts.read import CUSTOM_LOSS_KEY, CUSTOM_LOSS_LABELS_KEY, loss_label_names
 
@@ -302,6 +303,23 @@ def _optimizer_model(block, parameters, opset: int, name_offset: int) -> onnx.Mo
         return block.to_model_proto()
 
 
+def float_initializers(model, exclude: Sequence[str] = ()) -> list:
+    """Names of the model's floating-point initializers, in initializer order.
+
+    What to pass as ``requires_grad`` to train every weight: ORT's (and
+    :func:`generate_artifacts`') ``requires_grad=None`` trains nothing.
+
+    Args:
+      model: a path, bytes or ``onnx.ModelProto``.
+      exclude: names to leave out (the ones to freeze, say).
+
+    Example:
+      >>> generate_artifacts(model, requires_grad=float_initializers(model),
+      ...                    loss=LossType.MSELoss, optimizer=OptimType.SGD)  # doctest: +SKIP
+    """
+    return float_initializer_names(load_model(model), exclude)
+
+
 def generate_artifacts(
     model,
     requires_grad: Optional[Sequence[str]] = None,
@@ -337,8 +355,9 @@ def generate_artifacts(
 
     Args:
       model: the forward model: a path, bytes or ``onnx.ModelProto``.
-      requires_grad: initializers to train. None trains every floating-point
-        initializer not in ``frozen_params`` (ORT 1.19.2 would train nothing).
+      requires_grad: initializers to train. None trains nothing, as in ORT
+        (then an optimizer is refused): pass
+        ``float_initializers(model)`` to train every weight.
       frozen_params: initializers kept as frozen parameters (in the
         checkpoint, not trained). Initializers in neither list stay constants.
       loss: a :class:`LossType`; a ``jaxort.onnxblock.Block`` (a custom loss,
@@ -395,7 +414,10 @@ def generate_artifacts(
     opt = None
     if optimizer is not None:
         if not built.trainable:
-            raise TrainingError("an optimizer model needs at least one trainable parameter")
+            raise TrainingError(
+                "an optimizer model needs at least one trainable parameter, and requires_grad names none "
+                "(requires_grad=None trains nothing, as in ONNX Runtime); name the initializers to train, "
+                "e.g. requires_grad=jaxort.training.artifacts.float_initializers(model)")
         # ORT builds the optimizer in a fresh empty model, its names continuing the loss's count.
         opset = _default_opset(built.eval_model)
         if isinstance(optimizer, OptimType):
