@@ -345,7 +345,7 @@ class TrainingSession:
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next optimizer steps (SetLearningRate)."""
-        self._run(lambda st: st.set_learning_rate(learning_rate))
+        self._run(lambda st: st.set_learning_rate(learning_rate), deferring=True)
 
     def get_learning_rate(self) -> float:
         """The current learning rate (GetLearningRate), a float32 value as a Python float."""

@@ -251,7 +251,7 @@ class Optimizer:
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next steps."""
-        self._module._run(lambda st: st.set_learning_rate(learning_rate), optimizer=self)
+        self._module._run(lambda st: st.set_learning_rate(learning_rate), optimizer=self, deferring=True)
 
     def get_learning_rate(self) -> float:
         """The current learning rate (a float32 value)."""

@@ -41,6 +41,7 @@ from jaxort.training.state import (
     TrainState,
     apply_schedule,
     restore_optimizer_state,
+    set_learning_rate,
     state_from_checkpoint,
     state_to_checkpoint,
 )
@@ -436,13 +437,14 @@ class TrainProgram:
         state = self._opt_apply(state)
         return state.replace(accumulate=jnp.zeros_like(state.accumulate)), outs
 
-    def _after_core(self, state: TrainState, optimizer_step, schedule_step, reset_grad, *inputs,
-                    schedule=None):
+    def _after_core(self, state: TrainState, optimizer_step, set_rate, rate, schedule_step, reset_grad,
+                    *inputs, schedule=None):
         self._traces["train_step_after"] += 1
         if self.optimizer is not None:
             # A cond, not a select: a step without a pending optimizer step
             # (the first, or one of several accumulating) skips the update.
             state = jax.lax.cond(optimizer_step, self._opt_apply, lambda s: s, state)
+            state = state.replace(learning_rate=jnp.where(set_rate, rate, state.learning_rate))
             if schedule is not None:
                 scheduled = apply_schedule(state, schedule).learning_rate
                 state = state.replace(learning_rate=jnp.where(schedule_step, scheduled, state.learning_rate))
@@ -619,23 +621,26 @@ class TrainProgram:
         return self._run("fused", state, self.check_inputs(inputs), micro_batches)
 
     def train_step_after(self, state: TrainState, *inputs, optimizer_step: bool = False,
-                         schedule: Callable | None = None, schedule_step: bool = False,
-                         reset_grad: bool = False) -> tuple[TrainState, tuple]:
+                         learning_rate: float | None = None, schedule: Callable | None = None,
+                         schedule_step: bool = False, reset_grad: bool = False) -> tuple[TrainState, tuple]:
         """Calls that precede a train step, then the train step, in one compiled call.
 
-        Runs, in this order and each only when its flag is set,
-        :meth:`optimizer_step`, ``apply_schedule(state, schedule)`` and
+        Runs, in this order and each only when it is asked for,
+        :meth:`optimizer_step`, ``set_learning_rate(state, learning_rate)``,
+        ``apply_schedule(state, schedule)`` and
         :meth:`lazy_reset_grad`, then :meth:`train_step`, with the numbers
         those calls give one by one. This is what the session facades run
-        for ORT's loop (train step, optimizer step, scheduler step, lazy
-        reset): they defer the calls that follow a train step to the next
-        one. The flags are values, not part of the compiled program: one
-        compilation per ``schedule`` serves every combination of them.
+        for ORT's loop (train step, optimizer step, scheduler step or set
+        learning rate, lazy reset): they defer the calls that follow a train
+        step to the next one. The flags and the rate are values, not part of
+        the compiled program: one compilation per ``schedule`` serves every
+        combination of them.
 
         Args:
           state: the state (donated: use the returned one).
           *inputs: the user inputs and labels.
           optimizer_step: apply the optimizer to the accumulated gradients first.
+          learning_rate: a learning rate to set (after the optimizer step), or None.
           schedule: a learning-rate schedule of the step count (see
             :func:`jaxort.training.apply_schedule`), or None.
           schedule_step: set the learning rate from ``schedule`` (after the optimizer step).
@@ -646,9 +651,9 @@ class TrainProgram:
 
         Raises:
           InputError: see :meth:`check_inputs`.
-          TrainingError: ``optimizer_step`` or ``schedule_step`` without an optimizer.
+          TrainingError: ``optimizer_step``, ``learning_rate`` or ``schedule_step`` without an optimizer.
         """
-        if (optimizer_step or schedule_step) and self.optimizer is None:
+        if (optimizer_step or schedule_step or learning_rate is not None) and self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
         if schedule_step and schedule is None:
             raise TrainingError("schedule_step needs a schedule")
@@ -657,6 +662,8 @@ class TrainProgram:
             # On a mesh the calls run one by one, each with the state's shardings.
             if optimizer_step:
                 state = self.optimizer_step(state)
+            if learning_rate is not None:
+                state = set_learning_rate(state, learning_rate)
             if schedule_step:
                 state = apply_schedule(state, schedule)
             if reset_grad:
@@ -669,7 +676,9 @@ class TrainProgram:
             fn = jax.jit(functools.partial(self._after_core, schedule=schedule), donate_argnums=0)
             with self._jits_lock:
                 fn = self._jits.setdefault(key, fn)
-        return fn(state, np.bool_(optimizer_step), np.bool_(schedule_step), np.bool_(reset_grad), *inputs)
+        rate = np.float32(0.0 if learning_rate is None else learning_rate)
+        return fn(state, np.bool_(optimizer_step), np.bool_(learning_rate is not None), rate,
+                  np.bool_(schedule_step), np.bool_(reset_grad), *inputs)
 
     # ------------------------------------------------------------------ dispatch
 

@@ -49,7 +49,7 @@ from jaxort.training.state import set_seed as _reseed
 __all__ = ["PROCESS_SEED", "PROGRAMS", "ProcessSeed", "ProgramCache", "SessionCell", "SessionState"]
 
 # The calls a session may defer to its next train step, in the order they run.
-_DEFERRED = ("optimizer", "schedule", "reset")
+_DEFERRED = ("optimizer", "lr", "schedule", "reset")
 
 _NOMINAL_STEP = ("Cannot run a step with a nominal checkpoint state: its parameters have no values. "
                  "Please load the model parameters first (copy_buffer_to_parameters with "
@@ -283,6 +283,7 @@ class SessionState:
         (:meth:`require_optimizer_owner`).
       pending: calls made since the last train step and not yet run on
         ``train``, in the order they run (see :meth:`defer`).
+      pending_learning_rate: the rate a pending "lr" call sets.
     """
 
     checkpoint: ckpt.Checkpoint
@@ -299,6 +300,7 @@ class SessionState:
     optimizer_owner: Any = None
     placement: Optional[Placement] = None
     pending: tuple = ()
+    pending_learning_rate: Optional[float] = None
 
     @classmethod
     def from_checkpoint(cls, checkpoint: ckpt.Checkpoint) -> "SessionState":
@@ -555,18 +557,21 @@ class SessionState:
         args = _host_inputs(inputs, self.program.input_names, "the training model")
         pending = self.pending
         st, outputs = self.program.train_step_after(
-            st, *args, optimizer_step="optimizer" in pending, schedule=self.schedule,
+            st, *args, optimizer_step="optimizer" in pending,
+            learning_rate=self.pending_learning_rate if "lr" in pending else None, schedule=self.schedule,
             schedule_step="schedule" in pending, reset_grad="reset" in pending)
-        return self.replace(train=st, has_grads=True, pending=()), tuple(np.asarray(o) for o in outputs)
+        return (self.replace(train=st, has_grads=True, pending=(), pending_learning_rate=None),
+                tuple(np.asarray(o) for o in outputs))
 
     def defer(self, call: str) -> "SessionState":
-        """Records ``call`` ("optimizer", "schedule" or "reset") to run before the next train step.
+        """Records ``call`` ("optimizer", "lr", "schedule" or "reset") to run before the next train step.
 
-        ORT's loop is a train step, an optimizer step, a scheduler step and
-        a lazy reset; deferring the last three to the next train step runs
-        the loop as one compiled call per step instead of four. Deferred
-        calls keep their order ("optimizer" before "schedule"; a reset
-        commutes with both); one that would run out of order, or twice,
+        ORT's loop is a train step, an optimizer step, a scheduler step (or
+        a set learning rate) and a lazy reset; deferring the calls after the
+        train step to the next one runs the loop as one compiled call per
+        step instead of four. Deferred calls keep their order ("optimizer",
+        then "lr", then "schedule"; a reset commutes with all three); one
+        that would run out of order, or twice,
         first runs the pending ones. Every other use of the state runs them
         first (:meth:`flushed`; :class:`SessionCell` does it), so no call
         can tell a deferred call from one run at once.
@@ -587,11 +592,13 @@ class SessionState:
         for call in self.pending:
             if call == "optimizer":
                 st = self.program.optimizer_step(st)
+            elif call == "lr":
+                st = set_learning_rate(st, self.pending_learning_rate)
             elif call == "schedule":
                 st = apply_schedule(st, self.schedule)
             else:
                 st = self.program.lazy_reset_grad(st)
-        return self.replace(train=st, pending=())
+        return self.replace(train=st, pending=(), pending_learning_rate=None)
 
     def eval_step(self, inputs: Sequence[Any]) -> tuple:
         """The eval model's outputs (numpy) on the current parameters."""
@@ -631,13 +638,16 @@ class SessionState:
         return self._live()
 
     def set_learning_rate(self, learning_rate: Any) -> "SessionState":
-        """Sets the learning rate of the next optimizer steps.
+        """Sets the learning rate of the next optimizer steps (deferred as :meth:`defer` says).
 
         Raises:
           InputError: not a finite number.
         """
-        st = self._check_optimizer("set the learning rate")
-        return self.replace(train=set_learning_rate(st, _finite_float(learning_rate, "learning rate")))
+        self._check_optimizer("set the learning rate")
+        value = _finite_float(learning_rate, "learning rate")
+        if "lr" in self.pending and "schedule" not in self.pending:
+            return self.replace(pending_learning_rate=value)  # the later of two sets wins
+        return self.defer("lr").replace(pending_learning_rate=value)
 
     def learning_rate(self) -> float:
         """The current learning rate (a float32 value)."""

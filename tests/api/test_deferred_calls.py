@@ -187,12 +187,82 @@ def test_the_loop_compiles_one_train_step(compiles):
             scheduler.step()
         module.lazy_reset_grad()
         if i == 3:
-            opt.set_learning_rate(0.01)  # runs the deferred calls at once
+            opt.set_learning_rate(0.01)  # deferred too, after the optimizer step
         if i == 5:
             module.get_contiguous_parameters()
         assert compiles.during(module, *_batch(i)) == 0, f"step {i} compiled"
     traced = {k: program.trace_count(k) - n for k, n in before.items()}
     assert traced == {"train_step_after": 1, "train_step": 0, "train_and_update": 0}
+
+
+def test_a_learning_rate_set_every_step_is_deferred_with_the_step(monkeypatch):
+    # ORT's loop with a hand-made schedule: train, optimizer step, set the
+    # rate, reset. The set waits with the optimizer step for the next train
+    # step (one compiled call per step, no separate optimizer step), with
+    # the numbers of the calls run one by one.
+    state, module, opt = _api()
+    shared = state.session_state.program
+    separate = []
+    run_alone = shared.optimizer_step
+    monkeypatch.setattr(shared, "optimizer_step", lambda s: separate.append(1) or run_alone(s))
+    program, st = _core()
+    for i in range(5):
+        x, y = _batch(i)
+        loss = module(x, y)
+        opt.step()
+        opt.set_learning_rate(0.05 / (i + 1))
+        module.lazy_reset_grad()
+        st, (want,) = program.train_step(st, x, y)
+        st = program.lazy_reset_grad(set_learning_rate(program.optimizer_step(st), 0.05 / (i + 1)))
+        np.testing.assert_allclose(loss, np.asarray(want), rtol=1e-6, err_msg=f"step {i}")
+    assert separate == []
+    assert opt.get_learning_rate() == pytest.approx(0.05 / 5, rel=1e-7)  # this read runs the last ones
+    assert separate == [1]
+    _assert_params_equal(_params(state), _core_params(st))
+
+
+def test_learning_rate_sets_keep_the_order_they_were_made_in():
+    state, module, opt = _api()
+    scheduler = LinearLRScheduler(opt, 2, 8, 0.04)
+    program, st = _core()
+    schedule = linear_lr_schedule(0.04, 2, 8)
+    st = apply_schedule(st, schedule)
+    x, y = _batch(3)
+    module(x, y)
+    st, _ = program.train_step(st, x, y)
+    # a set before an optimizer step is that step's rate; of two sets the later wins
+    opt.set_learning_rate(0.3)
+    opt.set_learning_rate(0.2)
+    opt.step()
+    st = program.optimizer_step(set_learning_rate(st, 0.2))
+    # a scheduler step after a set overrides it; a set after a scheduler step overrides that
+    opt.set_learning_rate(0.7)
+    scheduler.step()
+    st = apply_schedule(set_learning_rate(st, 0.7), schedule)
+    assert opt.get_learning_rate() == pytest.approx(float(st.learning_rate), rel=1e-7)
+    scheduler.step()
+    opt.set_learning_rate(0.9)
+    opt.step()
+    st = program.optimizer_step(set_learning_rate(apply_schedule(st, schedule), 0.9))
+    x, y = _batch(4)
+    loss = module(x, y)
+    st, (want,) = program.train_step(st, x, y)
+    np.testing.assert_allclose(loss, np.asarray(want), rtol=1e-6)
+    _assert_params_equal(_params(state), _core_params(st))
+    assert opt.get_learning_rate() == pytest.approx(0.9, rel=1e-7)
+
+
+def test_a_bad_learning_rate_is_refused_and_keeps_the_deferred_calls():
+    state, module, opt = _api()
+    program, st = _core()
+    x, y = _batch(0)
+    module(x, y)
+    opt.step()
+    with pytest.raises(errors.InputError, match="learning rate"):
+        opt.set_learning_rate(float("nan"))
+    st, _ = program.train_step(st, x, y)
+    st = program.optimizer_step(st)
+    _assert_params_equal(_params(state), _core_params(st))
 
 
 def test_the_c_api_session_defers_too():
