@@ -53,14 +53,17 @@ ROOT = os.path.dirname(HERE)
 CACHE = os.path.join(ROOT, "build", "bench")
 
 MODES = {
-    # workloads, threads, rounds, chunk seconds, checkpoint MB, soak steps, extra systems
+    # workloads, threads, rounds, chunk seconds, checkpoint MB, soak steps, extra systems,
+    # systems left out when pinned to one core
     "smoke": dict(workloads=["W5"], threads=["default"], rounds=2, chunk=0.02, warmup=2,
-                  checkpoint_mb=4, soak_steps=300, extra=[]),
+                  checkpoint_mb=4, soak_steps=300, extra=[], skip_pinned=[]),
+    # Under 5 minutes on 2 cores: jaxort.api on its own artifacts runs at default threads only.
     "quick": dict(workloads=["W1", "W2", "W3", "W4", "W5", "W6", "W7"], threads=["default", "1"],
-                  rounds=3, chunk=0.12, warmup=3, checkpoint_mb=64, soak_steps=3000, extra=[]),
+                  rounds=3, chunk=0.08, warmup=2, checkpoint_mb=64, soak_steps=3000, extra=[],
+                  skip_pinned=["api_own"]),
     "full": dict(workloads=["W1", "W2", "W3", "W4", "W5", "W6", "W7"], threads=["default", "1"],
                  rounds=7, chunk=0.4, warmup=5, checkpoint_mb=256, soak_steps=20000,
-                 extra=["core_nofuse"]),
+                 extra=["core_nofuse"], skip_pinned=[]),
 }
 SYSTEMS = ("core", "core_steps", "core_nofuse", "api_ort", "api_own", "hand_jax", "ort", "torch")
 LR = 1e-3
@@ -346,7 +349,8 @@ def run_config(name, threads, mode, folders) -> dict:
     import workloads
 
     w = workloads.build(name)
-    wanted = [s for s in SYSTEMS if s not in ("core_nofuse",) or s in cfg["extra"]]
+    wanted = [s for s in SYSTEMS if (s not in ("core_nofuse",) or s in cfg["extra"])
+              and not (pinned and s in cfg["skip_pinned"])]
     for lib in ("jax", "jaxort.api", "jaxort.training", "optax", "onnxruntime.training.api", "torch"):
         try:  # imported before any system is built: RSS growth is then the system's own
             __import__(lib)
@@ -576,7 +580,7 @@ def main(argv=None) -> int:
     wall = time.perf_counter()
     report = {"mode": mode, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                         "platform": platform.machine(), "versions": _versions()},
-              "settings": {k: cfg[k] for k in ("rounds", "chunk", "warmup", "checkpoint_mb", "soak_steps")},
+              "settings": {k: cfg[k] for k in ("rounds", "chunk", "warmup", "checkpoint_mb", "soak_steps", "skip_pinned")},
               "configs": []}
     folders = {}
     for name in names:
@@ -630,7 +634,9 @@ def markdown(report) -> str:
     lines = [f"Mode `{report['mode']}`: {report['settings']['rounds']} interleaved rounds of "
              f"~{report['settings']['chunk']} s per system, order rotated; median (min–max) over rounds; "
              "ratios are medians of per-round ratios. "
-             f"{report['machine']['cpus']} CPUs; versions: "
+             + (f"Pinned to one core without {', '.join(LABELS[n] for n in report['settings']['skip_pinned'])}. "
+                if report["settings"].get("skip_pinned") else "")
+             + f"{report['machine']['cpus']} CPUs; versions: "
              + ", ".join(f"{k} {v}" for k, v in report["machine"]["versions"].items()) + ".", ""]
     present = [s for s in SYSTEMS if any(s in c["systems"] for c in report["configs"])]
     for threads in dict.fromkeys(c["threads"] for c in report["configs"]):
