@@ -634,7 +634,8 @@ def markdown(report) -> str:
     lines = [f"Mode `{report['mode']}`: {report['settings']['rounds']} interleaved rounds of "
              f"~{report['settings']['chunk']} s per system, order rotated; median (min–max) over rounds; "
              "ratios are medians of per-round ratios. "
-             + (f"Pinned to one core without {', '.join(LABELS[n] for n in report['settings']['skip_pinned'])}. "
+             + (f"The pinned runs leave out {', '.join(LABELS[n] for n in report['settings']['skip_pinned'])} "
+                "(to keep the mode short). "
                 if report["settings"].get("skip_pinned") else "")
              + f"{report['machine']['cpus']} CPUs; versions: "
              + ", ".join(f"{k} {v}" for k, v in report["machine"]["versions"].items()) + ".", ""]
