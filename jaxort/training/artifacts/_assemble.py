@@ -49,11 +49,6 @@ def _register_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
     model.graph.output.extend(outputs)
 
 
-def float_initializer_names(base: onnx.ModelProto, exclude: Sequence[str] = ()) -> list:
-    skip = set(exclude)
-    return [t.name for t in base.graph.initializer if t.data_type in _FLOAT_TYPES and t.name not in skip]
-
-
 def _split_params(base: onnx.ModelProto, requires_grad, frozen_params):
     init_names = [t.name for t in base.graph.initializer]
     frozen = list(frozen_params or [])

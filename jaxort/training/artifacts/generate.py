@@ -49,10 +49,10 @@ from jaxort import checkpoint as _ckpt
 from jaxort.errors import TrainingError
 from jaxort.graph import load_model
 from jaxort.training.artifacts._assemble import (
+    _FLOAT_TYPES,
     _check,
     _split_params,
     _training_and_eval,
-    float_initializer_names,
 )
 from jaxort.training.artifacts.read import CUSTOM_LOSS_KEY, CUSTOM_LOSS_LABELS_KEY, loss_label_names
 
@@ -317,7 +317,8 @@ def float_initializers(model, exclude: Sequence[str] = ()) -> list:
       >>> generate_artifacts(model, requires_grad=float_initializers(model),
       ...                    loss=LossType.MSELoss, optimizer=OptimType.SGD)  # doctest: +SKIP
     """
-    return float_initializer_names(load_model(model), exclude)
+    skip = set(exclude)
+    return [t.name for t in load_model(model).graph.initializer if t.data_type in _FLOAT_TYPES and t.name not in skip]
 
 
 def generate_artifacts(

@@ -418,6 +418,12 @@ def _jax_grads(op, inputs, outputs, attrs, wrt, cotangents, **kw):
         return [np.asarray(v) for v in grads]
 
 
+def _rnn_weights(rng, seq, batch, inp, hs, gates):
+    """X, W, R and B of a one-direction LSTM (4 gates) or GRU (3 gates), drawn in that order."""
+    return {"x": rng.standard_normal((seq, batch, inp)), "w": rng.standard_normal((1, gates * hs, inp)) * .5,
+            "r": rng.standard_normal((1, gates * hs, hs)) * .5, "b": rng.standard_normal((1, 2 * gates * hs)) * .3}
+
+
 def _cotangents(shapes, seed=9):
     rng = np.random.default_rng(seed)
     return [None if s is None else rng.standard_normal(s) for s in shapes]
@@ -436,9 +442,7 @@ def _weighted_output_sum(fn, ins, order, cots):
 def test_lstm_training_gradients_match_finite_differences():
     rng = np.random.default_rng(11)
     seq, batch, inp, hs = 3, 2, 3, 2
-    ins = {"x": rng.standard_normal((seq, batch, inp)), "w": rng.standard_normal((1, 4 * hs, inp)) * .5,
-           "r": rng.standard_normal((1, 4 * hs, hs)) * .5, "b": rng.standard_normal((1, 8 * hs)) * .3,
-           "sl": None, "h0": rng.standard_normal((1, batch, hs)),
+    ins = {**_rnn_weights(rng, seq, batch, inp, hs, 4), "sl": None, "h0": rng.standard_normal((1, batch, hs)),
            "c0": rng.standard_normal((1, batch, hs)), "p": rng.standard_normal((1, 3 * hs)) * .3}
     shapes = [(seq, 1, batch, hs), (1, batch, hs), (1, batch, hs), (seq, 1, batch, hs),
               (seq, 1, batch, 4 * hs)]
@@ -458,9 +462,7 @@ def test_lstm_training_gradients_match_finite_differences():
 def test_gru_training_gradients_match_finite_differences(lbr):
     rng = np.random.default_rng(12)
     seq, batch, inp, hs = 3, 2, 3, 2
-    ins = {"x": rng.standard_normal((seq, batch, inp)), "w": rng.standard_normal((1, 3 * hs, inp)) * .5,
-           "r": rng.standard_normal((1, 3 * hs, hs)) * .5, "b": rng.standard_normal((1, 6 * hs)) * .3,
-           "sl": None, "h0": rng.standard_normal((1, batch, hs))}
+    ins = {**_rnn_weights(rng, seq, batch, inp, hs, 3), "sl": None, "h0": rng.standard_normal((1, batch, hs))}
     cots = _cotangents([(seq, 1, batch, hs), (1, batch, hs), (seq, 1, batch, 3 * hs)])
     wrt = ["x", "w", "r", "b", "h0"]
     got = _jax_grads("GRUTraining", ins, ["a", "b_", "c"],
@@ -478,8 +480,7 @@ def test_lstm_grad_matches_finite_differences(with_states):
     # the same numpy LSTM (cotangents on Y, Y_h and Y_c, as ORT's gradient builder feeds).
     rng = np.random.default_rng(13)
     seq, batch, inp, hs = 4, 2, 3, 2
-    ins = {"x": rng.standard_normal((seq, batch, inp)), "w": rng.standard_normal((1, 4 * hs, inp)) * .5,
-           "r": rng.standard_normal((1, 4 * hs, hs)) * .5, "b": rng.standard_normal((1, 8 * hs)) * .3,
+    ins = {**_rnn_weights(rng, seq, batch, inp, hs, 4),
            "h0": rng.standard_normal((1, batch, hs)) if with_states else None,
            "c0": rng.standard_normal((1, batch, hs)) if with_states else None}
     order = ["x", "w", "r", "b", "h0", "c0"]
@@ -501,9 +502,7 @@ def test_lstm_grad_matches_finite_differences(with_states):
 def test_gru_grad_matches_finite_differences(lbr):
     rng = np.random.default_rng(15)
     seq, batch, inp, hs = 4, 2, 3, 2
-    ins = {"x": rng.standard_normal((seq, batch, inp)), "w": rng.standard_normal((1, 3 * hs, inp)) * .5,
-           "r": rng.standard_normal((1, 3 * hs, hs)) * .5, "b": rng.standard_normal((1, 6 * hs)) * .3,
-           "h0": rng.standard_normal((1, batch, hs))}
+    ins = {**_rnn_weights(rng, seq, batch, inp, hs, 3), "h0": rng.standard_normal((1, batch, hs))}
     hall, ht, zrh = _np_gru(ins["x"], ins["w"], ins["r"], ins["b"], ins["h0"], lbr)
     cots = _cotangents([hall.shape, ht.shape], seed=16)
     feeds = {"x": ins["x"], "w": ins["w"], "r": ins["r"], "b": ins["b"], "sl": None, "h0": ins["h0"],
