@@ -8,6 +8,7 @@ registers no op and imports nothing from the op modules.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -211,6 +212,31 @@ def auto_pads(in_sp, eff_k, strides, auto_pad, pads):
     if len(pads) != 2 * n:
         raise OpError(f"pads {pads} should have {2 * n} values")
     return [(pads[i], pads[i + n]) for i in range(n)]
+
+
+def tap_slices(kernel, strides, dilations, out):
+    """For each kernel tap in row-major order: its offsets and the strided slice it reads.
+
+    Tap ``offs`` of a window reads, along each spatial axis, the padded input
+    at ``offs * dilation + m * stride`` for output positions ``m < out``.
+    """
+    for offs in itertools.product(*[range(k) for k in kernel]):
+        yield offs, tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                          for o, d, m, s in zip(offs, dilations, out, strides))
+
+
+# Windows of at most this many taps take the tap forms of Conv and MaxPool on CPU.
+MAX_TAPS = 64
+
+
+def on_cpu_else(x, cpu, default):
+    """``cpu(x)`` when the computation is lowered for CPU, ``default(x)`` elsewhere.
+
+    The choice is made when XLA compiles the program for its device, not from
+    the default backend at trace time, so a model placed on a GPU keeps the
+    default path.
+    """
+    return lax.platform_dependent(x, cpu=cpu, default=default)
 
 
 def requantize(y, scale, zero_point, dtype):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +14,7 @@ from jax import lax
 from jaxort.errors import OpError
 from jaxort.graph import register, static_ints
 from jaxort.graph.ops._common import auto_pads, spatial_attrs
-from jaxort.graph.ops._common import lowest_value
+from jaxort.graph.ops._common import MAX_TAPS, lowest_value, on_cpu_else, tap_slices
 
 
 def _pool_geometry(x, kernel_shape, strides, dilations, auto_pad, pads, ceil_mode):
@@ -57,6 +59,68 @@ def _window_count(in_sp, kernel, strides, dilations, padding, extra, include_pad
     return count
 
 
+def _max_of_taps(xp, geometry):
+    kernel, strides, dilations, out = geometry
+    lead = (slice(None), slice(None))
+    y = None
+    for _, sl in tap_slices(kernel, strides, dilations, out):
+        tap = xp[lead + sl]
+        y = tap if y is None else lax.max(y, tap)
+    return y
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _max_pool_taps(xp, geometry):
+    """Max pooling of the padded input ``xp`` as an elementwise max over kernel taps.
+
+    XLA's CPU runtime runs ``reduce_window`` of small windows and max
+    pooling's gradient (``select_and_scatter``) slowly; a max over strided
+    slices fuses into one loop, and so does the tangent below and its
+    transpose (each tap's share padded back into place). The derivative
+    follows the first maximum of each window in row-major order, as
+    ``select_and_scatter`` and ONNX Runtime's MaxPoolGrad (through
+    MaxPool's Indices) do.
+    """
+    return _max_of_taps(xp, geometry)
+
+
+@_max_pool_taps.defjvp
+def _max_pool_taps_jvp(geometry, primals, tangents):
+    (xp,), (dxp,) = primals, tangents
+    kernel, strides, dilations, out = geometry
+    y = _max_of_taps(xp, geometry)
+    lead = (slice(None), slice(None))
+    zero = np.array(0, dxp.dtype)
+    taken = dy = None
+    for _, sl in tap_slices(kernel, strides, dilations, out):
+        hit = xp[lead + sl] == y
+        if taken is not None:
+            hit = hit & ~taken
+        taken = hit if taken is None else taken | hit
+        part = jnp.where(hit, dxp[lead + sl], zero)
+        dy = part if dy is None else dy + part
+    return y, dy
+
+
+def _max_pool_values(x, kernel, strides, dilations, out, full_pad):
+    init = lowest_value(x.dtype)
+
+    def native(x):
+        return _reduce_window(x, init, lax.max, kernel, strides, dilations, full_pad)
+
+    if not (jnp.issubdtype(x.dtype, jnp.floating) and 0 < math.prod(kernel) <= MAX_TAPS):
+        return native(x)
+
+    def taps(x):
+        xp = jnp.pad(x, ((0, 0), (0, 0)) + tuple(full_pad), constant_values=init)
+        return _max_pool_taps(xp, (tuple(kernel), tuple(strides), tuple(dilations), tuple(out)))
+
+    if any(d != 1 for d in dilations):
+        # JAX has no reverse-mode rule for reduce_window's max with window dilation.
+        return taps(x)
+    return on_cpu_else(x, taps, native)
+
+
 @register("MaxPool", since=1)
 def max_pool(x, *, auto_pad, ceil_mode=None, dilations=None, kernel_shape, pads, storage_order=None,
              strides, ctx):
@@ -64,7 +128,7 @@ def max_pool(x, *, auto_pad, ceil_mode=None, dilations=None, kernel_shape, pads,
     kernel, strides, dilations, out, padding, extra = _pool_geometry(
         x, kernel_shape, strides, dilations, auto_pad, pads, ceil_mode)
     full_pad = [(lo, hi + e) for (lo, hi), e in zip(padding, extra)]
-    y = _reduce_window(x, lowest_value(x.dtype), lax.max, kernel, strides, dilations, full_pad)
+    y = _max_pool_values(x, kernel, strides, dilations, out, full_pad)
     if len(ctx.output_names) < 2 or not ctx.output_names[1]:
         return y
     return y, _max_pool_indices(x, kernel, strides, dilations, out, full_pad, storage_order)

@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import strategies as st
+from jax.test_util import check_grads
 
-from jaxort.testing import run_jaxort
+from jaxort.graph import JaxGraph, x64_enabled_scope
+from jaxort.graph.ops import conv as conv_ops
+from jaxort.testing import run_jaxort, run_reference
 
 from ._harness import Example, F32, I32, OLD_REFERENCE, OpCase, U8, nn_gradient_test, table_tests
 from ._strategies import arr, conv_geometry, floats, qparams, rand
@@ -172,3 +178,79 @@ def test_conv_transpose_output_shape_extends_at_the_end():
     assert b.shape == (1, 1, 11)
     np.testing.assert_allclose(b[..., :9], a, rtol=1e-6)
     assert np.all(b[0, 0, 9:] == 0)
+
+
+# ------------------------------------- the column (im2col) form of Conv (on CPU, conv.py)
+
+# (x shape, w shape, attributes): one input channel, a few, depthwise and grouped, strides,
+# dilations, asymmetric and SAME padding, 1-D and 3-D. Every one takes the column form.
+COLUMN_CASES = [
+    ((2, 1, 9, 8), (3, 1, 5, 5), dict(pads=[2, 2, 2, 2])),
+    ((2, 3, 9, 9), (4, 3, 3, 3), dict(strides=[2, 2], pads=[1, 0, 1, 1])),
+    ((1, 4, 8, 8), (4, 1, 3, 3), dict(group=4, pads=[1, 1, 1, 1])),
+    ((1, 4, 9, 7), (8, 2, 3, 2), dict(group=2, strides=[2, 1], dilations=[1, 2])),
+    ((2, 2, 11), (3, 2, 3), dict(auto_pad="SAME_UPPER", strides=[2])),
+    ((1, 2, 5, 6, 6), (2, 1, 2, 3, 3), dict(group=2, pads=[0, 1, 1, 1, 1, 0])),
+]
+COLUMN_IDS = [f"columns-{i}" for i in range(len(COLUMN_CASES))]
+
+
+def _conv_of(xs, ws, attrs, dtype):
+    """jaxort's Conv (with a bias) as a JAX function of input, weight and bias."""
+    case = Example((np.zeros(xs, dtype), np.zeros(ws, dtype), np.zeros(ws[0], dtype)),
+                   attrs).node("Conv")
+    g = JaxGraph(case.model(), check=False, params=[])
+    return lambda x, w, b: g.apply(g.params, x, w, b)[0]
+
+
+def _conv_inputs(xs, ws, dtype):
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    return tuple(rng.standard_normal(s).astype(dtype) for s in (xs, ws, (ws[0],)))
+
+
+@pytest.mark.parametrize("xs,ws,attrs", COLUMN_CASES, ids=COLUMN_IDS)
+def test_conv_columns_match_the_reference(xs, ws, attrs):
+    inputs = _conv_inputs(xs, ws, np.float32)
+    (y,) = run_jaxort(Example(inputs, attrs).node("Conv"))
+    np.testing.assert_allclose(y, run_reference(Example(inputs, attrs).node("Conv"))[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs,ws,attrs", COLUMN_CASES, ids=COLUMN_IDS)
+def test_conv_columns_derivatives_match_finite_differences(xs, ws, attrs):
+    # Forward mode and reverse mode, w.r.t. input, weight and bias, second order too.
+    with x64_enabled_scope():
+        args = tuple(jnp.asarray(a) for a in _conv_inputs(xs, ws, np.float64))
+        check_grads(_conv_of(xs, ws, attrs, np.float64), args, order=2, modes=["fwd", "rev"],
+                    eps=1e-5, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("xs,ws,attrs", COLUMN_CASES[:4], ids=COLUMN_IDS[:4])
+def test_conv_columns_equal_xla_convolution_and_its_gradients(xs, ws, attrs):
+    # On GPU and TPU Conv stays lax.conv_general_dilated: both paths agree in value and gradient.
+    x, w, _ = (jnp.asarray(a) for a in _conv_inputs(xs, ws, np.float32))
+    group = attrs.get("group", 1)
+    strides = tuple(attrs.get("strides", (1, 1)))
+    dilations = tuple(attrs.get("dilations", (1, 1)))
+    pads = attrs.get("pads", [0] * 4)
+    padding = ((pads[0], pads[2]), (pads[1], pads[3]))
+    out = tuple((size + lo + hi - (k - 1) * d - 1) // s + 1 for size, (lo, hi), k, d, s in
+                zip(xs[2:], padding, ws[2:], dilations, strides))
+    spec = (strides, dilations, padding, group, out)
+    assert conv_ops._columns_pay(x, w, spec, None)
+    g = jnp.asarray(np.random.default_rng(5).standard_normal((xs[0], ws[0]) + out).astype(np.float32))
+    (y_c, pb_c), (y_x, pb_x) = (jax.vjp(lambda x, w: conv_ops._conv_cpu(x, w, spec), x, w),
+                                jax.vjp(lambda x, w: conv_ops._xla_conv(x, w, spec), x, w))
+    np.testing.assert_allclose(np.asarray(y_c), np.asarray(y_x), rtol=1e-5, atol=1e-5)
+    for a, b in zip(pb_c(g), pb_x(g)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_one_channel_conv_on_cpu_runs_as_a_matrix_product():
+    f = _conv_of((2, 1, 9, 8), (3, 1, 5, 5), COLUMN_CASES[0][2], np.float32)
+    args = tuple(jnp.asarray(a) for a in _conv_inputs((2, 1, 9, 8), (3, 1, 5, 5), np.float32))
+    forward = jax.jit(f).lower(*args).compile().as_text()
+    assert "convolution(" not in forward and " dot(" in forward
+    # Its filter gradient is still XLA's convolution (as fast as the column form with one group).
+    backward = jax.jit(jax.grad(lambda w, x, b: f(x, w, b).sum())).lower(args[1], args[0], args[2])
+    assert "convolution(" in backward.compile().as_text()

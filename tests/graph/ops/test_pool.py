@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import strategies as st
+from jax.test_util import check_grads
 
-from jaxort.testing import run_jaxort
+from jaxort.graph import JaxGraph, x64_enabled_scope
+from jaxort.graph.ops import pool as pool_ops
+from jaxort.testing import run_jaxort, run_reference
 
 from ._harness import Example, F16, F32, F64, OpCase, nn_gradient_test, table_tests
 from ._strategies import arr, conv_geometry, floats, rand
@@ -189,3 +195,84 @@ def test_max_pool_int8():
     (y,) = run_jaxort(ex.node("MaxPool"))
     assert y.dtype == np.int8
     np.testing.assert_array_equal(y, [[[[-8, -6], [0, 2]]]])
+
+
+# ------------------------------------------- the tap form of MaxPool (on CPU, pool.py)
+
+# (input shape, attributes): non-overlapping and overlapping windows, padding,
+# ceil_mode, dilation, 1-D and 3-D.
+TAP_CASES = [
+    ((2, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    ((1, 2, 9, 9), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((1, 2, 7, 6), dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], ceil_mode=1)),
+    ((1, 1, 9, 9), dict(kernel_shape=[2, 2], strides=[1, 1], dilations=[2, 2])),
+    ((2, 2, 11), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+    ((1, 2, 4, 5, 5), dict(kernel_shape=[2, 2, 2], strides=[1, 2, 2])),
+]
+
+
+def _max_pool_of(shape, attrs, dtype=np.float32):
+    """jaxort's MaxPool output 0 as a JAX function of its input."""
+    case = Example((np.zeros(shape, dtype),), attrs).node("MaxPool")
+    g = JaxGraph(case.model(), check=False, params=[])
+    return lambda x: g.apply(g.params, x)[0]
+
+
+def _first_maximum_gradient(x, attrs, cotangent):
+    """dL/dx from the reference evaluator's Indices: each window's cotangent goes to the
+    input element Indices names (its first maximum in row-major order), as ORT's MaxPoolGrad."""
+    y, indices = run_reference(Example((x,), attrs, n_out=2).node("MaxPool"))
+    assert y.shape == cotangent.shape
+    dx = np.zeros(x.size, np.float64)
+    np.add.at(dx, indices.ravel(), cotangent.ravel())
+    return dx.reshape(x.shape)
+
+
+@pytest.mark.parametrize("shape,attrs", TAP_CASES, ids=[f"tap-{i}" for i in range(len(TAP_CASES))])
+def test_max_pool_gradient_goes_to_each_windows_first_maximum(shape, attrs):
+    rng = np.random.default_rng(len(shape))
+    # Values on a coarse grid: many windows hold their maximum twice or more.
+    x = rng.integers(-3, 4, shape).astype(np.float32)
+    f = _max_pool_of(shape, attrs)
+    y, pullback = jax.vjp(jax.jit(f), jnp.asarray(x))
+    cotangent = rng.standard_normal(y.shape).astype(np.float32)
+    (dx,) = pullback(jnp.asarray(cotangent))
+    np.testing.assert_allclose(np.asarray(y), run_reference(Example((x,), attrs).node("MaxPool"))[0])
+    np.testing.assert_allclose(np.asarray(dx), _first_maximum_gradient(x, attrs, cotangent),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape,attrs", TAP_CASES[:3], ids=[f"tap-{i}" for i in range(3)])
+def test_max_pool_forward_mode_matches_reverse_mode_and_finite_differences(shape, attrs):
+    x = np.random.default_rng(1).standard_normal(shape)  # distinct values: no ties
+    with x64_enabled_scope():
+        check_grads(_max_pool_of(shape, attrs, np.float64), (jnp.asarray(x),), order=2, modes=["fwd", "rev"],
+                    eps=1e-5, atol=1e-6, rtol=1e-6)
+
+
+def test_max_pool_taps_equal_xla_reduce_window_and_its_gradient():
+    # On GPU and TPU MaxPool stays lax.reduce_window: both paths give the same values and the
+    # same (first-maximum) gradient.
+    x = jnp.asarray(np.random.default_rng(2).integers(-2, 3, (2, 3, 9, 9)).astype(np.float32))
+    kernel, strides, dilations, out = (3, 3), (2, 2), (1, 1), (5, 5)
+    pads = ((1, 1), (1, 1))
+
+    def taps(x):
+        xp = jnp.pad(x, ((0, 0), (0, 0)) + pads, constant_values=-np.inf)
+        return pool_ops._max_pool_taps(xp, (kernel, strides, dilations, out))
+
+    def native(x):
+        return pool_ops._reduce_window(x, np.float32(-np.inf), jax.lax.max, kernel, strides,
+                                       dilations, pads)
+
+    g = jnp.asarray(np.random.default_rng(3).standard_normal((2, 3, 5, 5)).astype(np.float32))
+    (y_t, pb_t), (y_n, pb_n) = jax.vjp(taps, x), jax.vjp(native, x)
+    np.testing.assert_array_equal(np.asarray(y_t), np.asarray(y_n))
+    np.testing.assert_allclose(np.asarray(pb_t(g)[0]), np.asarray(pb_n(g)[0]), rtol=1e-6, atol=1e-6)
+
+
+def test_max_pool_on_cpu_compiles_without_select_and_scatter():
+    f = _max_pool_of((2, 3, 8, 8), TAP_CASES[0][1])
+    x = jnp.zeros((2, 3, 8, 8), jnp.float32)
+    hlo = jax.jit(jax.grad(lambda x: f(x).sum())).lower(x).compile().as_text()
+    assert "select-and-scatter" not in hlo and "reduce-window" not in hlo
