@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import strategies as st
+from jax import export
 from jax.test_util import check_grads
 
 from jaxort.graph import JaxGraph, x64_enabled_scope
@@ -246,11 +247,15 @@ def test_conv_columns_equal_xla_convolution_and_its_gradients(xs, ws, attrs):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
-def test_a_one_channel_conv_on_cpu_runs_as_a_matrix_product():
+@pytest.mark.parametrize("platform,conv,dot", [("cpu", False, True), ("cuda", True, False),
+                                               ("tpu", True, False)])
+def test_a_one_channel_conv_is_a_matrix_product_on_cpu_only(platform, conv, dot):
+    # Lowered for each platform without its hardware (jax.export): the column form is CPU's.
     f = _conv_of((2, 1, 9, 8), (3, 1, 5, 5), COLUMN_CASES[0][2], np.float32)
     args = tuple(jnp.asarray(a) for a in _conv_inputs((2, 1, 9, 8), (3, 1, 5, 5), np.float32))
-    forward = jax.jit(f).lower(*args).compile().as_text()
-    assert "convolution(" not in forward and " dot(" in forward
-    # Its filter gradient is still XLA's convolution (as fast as the column form with one group).
-    backward = jax.jit(jax.grad(lambda w, x, b: f(x, w, b).sum())).lower(args[1], args[0], args[2])
-    assert "convolution(" in backward.compile().as_text()
+    text = export.export(jax.jit(f), platforms=[platform])(*args).mlir_module()
+    assert ("stablehlo.convolution" in text, "stablehlo.dot_general" in text) == (conv, dot)
+    # The filter gradient is XLA's convolution everywhere (as fast as the column form's on CPU).
+    grad = jax.jit(jax.grad(lambda w, x, b: jnp.sum(f(x, w, b) ** 2)))
+    text = export.export(grad, platforms=[platform])(args[1], args[0], args[2]).mlir_module()
+    assert "stablehlo.convolution" in text

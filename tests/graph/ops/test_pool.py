@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import strategies as st
+from jax import export
 from jax.test_util import check_grads
 
 from jaxort.graph import JaxGraph, x64_enabled_scope
@@ -271,8 +272,19 @@ def test_max_pool_taps_equal_xla_reduce_window_and_its_gradient():
     np.testing.assert_allclose(np.asarray(pb_t(g)[0]), np.asarray(pb_n(g)[0]), rtol=1e-6, atol=1e-6)
 
 
-def test_max_pool_on_cpu_compiles_without_select_and_scatter():
+@pytest.mark.parametrize("platform,native", [("cpu", False), ("cuda", True), ("tpu", True)])
+def test_max_pool_takes_the_tap_form_on_cpu_only(platform, native):
+    # Lowered for each platform without its hardware (jax.export).
     f = _max_pool_of((2, 3, 8, 8), TAP_CASES[0][1])
-    x = jnp.zeros((2, 3, 8, 8), jnp.float32)
-    hlo = jax.jit(jax.grad(lambda x: f(x).sum())).lower(x).compile().as_text()
-    assert "select-and-scatter" not in hlo and "reduce-window" not in hlo
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(f(x) ** 2)))
+    text = export.export(grad, platforms=[platform])(jnp.zeros((2, 3, 8, 8), jnp.float32)).mlir_module()
+    assert ("stablehlo.reduce_window" in text) == native
+    assert ("stablehlo.select_and_scatter" in text) == native
+
+
+def test_dilated_max_pool_takes_the_tap_form_everywhere():
+    # JAX has no reverse-mode rule for reduce_window's max with window dilation.
+    f = _max_pool_of((1, 1, 9, 9), TAP_CASES[3][1])
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(f(x) ** 2)))
+    text = export.export(grad, platforms=["cuda"])(jnp.zeros((1, 1, 9, 9), jnp.float32)).mlir_module()
+    assert "reduce_window" not in text
