@@ -108,7 +108,8 @@ def _max_pool_values(x, kernel, strides, dilations, out, full_pad):
     def native(x):
         return _reduce_window(x, init, lax.max, kernel, strides, dilations, full_pad)
 
-    if not (jnp.issubdtype(x.dtype, jnp.floating) and 0 < math.prod(kernel) <= MAX_TAPS):
+    if not (jnp.issubdtype(x.dtype, jnp.floating) and 0 < math.prod(kernel) <= MAX_TAPS
+            and all(o > 0 for o in out) and all(p >= 0 for pair in full_pad for p in pair)):
         return native(x)
 
     def taps(x):
