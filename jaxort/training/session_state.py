@@ -315,8 +315,21 @@ class SessionState:
         return cls(checkpoint=checkpoint.replace(properties={}), properties=props)
 
     def replace(self, **changes) -> "SessionState":
-        """Returns a copy with the given fields replaced."""
-        return dataclasses.replace(self, **changes)
+        """Returns a copy with the given fields replaced.
+
+        Raises:
+          TypeError: a name that is not a field.
+        """
+        # Three replacements run per facade step; dataclasses.replace costs
+        # ~10 us each here (it reads every field), a dict copy ~1 us. No
+        # field has a __post_init__ or an init=False default to honour.
+        unknown = changes.keys() - _SESSION_FIELDS
+        if unknown:
+            raise TypeError(f"SessionState has no field(s) {sorted(unknown)}")
+        new = object.__new__(SessionState)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     # Parameters ---------------------------------------------------------------
 
@@ -726,6 +739,9 @@ class SessionState:
             raise StateError("Eval model was not provided. Cannot export a model for inferencing.")
         params = gather(st.parameters)
         return export_model_for_inferencing(self.program.eval_model, params, list(output_names))
+
+
+_SESSION_FIELDS = frozenset(f.name for f in dataclasses.fields(SessionState))
 
 
 def _finite_float(value: Any, what: str) -> float:

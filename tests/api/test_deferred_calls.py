@@ -281,3 +281,14 @@ def test_the_c_api_session_defers_too():
     for name in st.params:
         np.testing.assert_allclose(js.get_parameter(handle, name), np.asarray(st.params[name]),
                                    rtol=1e-6, atol=1e-7)
+
+
+def test_session_state_replace_copies_and_refuses_unknown_fields():
+    state, module, _ = _api()
+    module(*_batch(0))
+    before = state.session_state
+    after = before.replace(pending=("reset",))
+    assert after.pending == ("reset",) and before.pending == ()
+    assert after.train is before.train and after.program is before.program
+    with pytest.raises(TypeError, match="no field"):
+        before.replace(pendng=())
