@@ -74,49 +74,85 @@ def _conv_columns(x, w, spec):
     return y
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _conv_columns_xla_grads(x, w, spec):
-    """:func:`_conv_columns`, its derivatives through XLA's convolution.
+# Column gradients pay for small convolutions: below this many column
+# values, XLA's CPU convolution costs more in fixed overhead than the work.
+_SMALL_COLUMNS = 1 << 16
 
-    With one group, XLA's convolution transposes (the filter and input
-    gradients) are as fast as the column form's or faster; only the forward
-    pass is slow.
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _conv_picked_grads(x, w, spec, columns_forward):
+    """A one-group convolution on CPU, each pass the faster of XLA's and the column form's.
+
+    The forward pass is :func:`_conv_columns` when ``columns_forward``
+    (few input channels, see :func:`_columns_pay`), else XLA's; the
+    derivatives were picked by measuring train steps (W3, W6 of the
+    benchmark suite, one core):
+
+    - the filter gradient of a strided convolution is, through XLA, a
+      window-dilated convolution that XLA's CPU backend runs in a slow
+      generic loop (ResNet-18's 7x7 stride-2 stem: 270 us for 3 channels;
+      a 1x1 stride-2 64 -> 128 one over 8 56x56 maps: 6.5 ms); as the
+      transpose of the column form it is one matrix product with the
+      columns (for the stem, fwd + filter gradient 468 -> 243 us; the 1x1
+      one 2.1 ms). Small convolutions gain the same way (28 -> 13 us).
+    - the input gradient of a small stride-1 convolution is cheaper as the
+      column form's transpose (col2im); strided or large ones (W3's 6 -> 16
+      5x5 over 64 12x12 maps) keep XLA's, which the column form loses to
+      in a whole step (W3 0.59x with it).
     """
-    return _conv_columns(x, w, spec)
+    return _conv_columns(x, w, spec) if columns_forward else _xla_conv(x, w, spec)
 
 
-def _conv_columns_jvp(spec, primals, tangents):
+def _conv_picked_grads_jvp(spec, columns_forward, primals, tangents):
     x, w = primals
     dx, dw = tangents
-    y = _conv_columns(x, w, spec)
+    y = _conv_picked_grads(x, w, spec, columns_forward)
+    strided = any(s != 1 for s in spec[0])
+    small = _column_count(x, w, spec) <= _SMALL_COLUMNS
     parts = []
     if not isinstance(dx, SymbolicZero):
-        parts.append(_xla_conv(dx, w, spec))
+        columns = columns_forward and small and not strided
+        parts.append(_conv_columns(dx, w, spec) if columns else _xla_conv(dx, w, spec))
     if not isinstance(dw, SymbolicZero):
-        parts.append(_xla_conv(x, dw, spec))
+        parts.append(_conv_columns(x, dw, spec) if small or strided else _xla_conv(x, dw, spec))
     dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros_like(y)
     return y, dy
 
 
-_conv_columns_xla_grads.defjvp(_conv_columns_jvp, symbolic_zeros=True)
+_conv_picked_grads.defjvp(_conv_picked_grads_jvp, symbolic_zeros=True)
 
 
 def _conv_cpu(x, w, spec):
     if spec[3] == 1:
-        return _conv_columns_xla_grads(x, w, spec)
+        return _conv_picked_grads(x, w, spec, True)
     # Grouped (depthwise): XLA's filter and input gradients are slow too.
     return _conv_columns(x, w, spec)
 
 
-def _columns_pay(x, w, spec, preferred) -> bool:
-    """Whether a convolution takes the column form when it runs on CPU."""
+def _column_count(x, w, spec) -> int:
+    """Values in a convolution's columns (all groups)."""
+    return x.shape[1] * math.prod(w.shape[2:]) * x.shape[0] * math.prod(spec[4])
+
+
+def _columns_fit(x, w, spec, preferred) -> bool:
+    """Whether the column form can express a convolution, within _COLUMN_ELEMENTS values."""
     _, _, padding, group, out = spec
-    c, taps = x.shape[1], math.prod(w.shape[2:])
+    c = x.shape[1]
     return (preferred is None and x.dtype in (jnp.float32, jnp.float64) and w.dtype == x.dtype
             and c % group == 0 and w.shape[0] % group == 0 and w.shape[1] == c // group
-            and c // group <= _COLUMN_CHANNELS and taps <= MAX_TAPS
             and all(o > 0 for o in out) and all(p >= 0 for pair in padding for p in pair)
-            and c * taps * x.shape[0] * math.prod(out) <= _COLUMN_ELEMENTS)
+            and _column_count(x, w, spec) <= _COLUMN_ELEMENTS)
+
+
+def _columns_pay(x, w, spec, preferred) -> bool:
+    """Whether a convolution takes the column form when it runs on CPU."""
+    return (_columns_fit(x, w, spec, preferred) and x.shape[1] // spec[3] <= _COLUMN_CHANNELS
+            and math.prod(w.shape[2:]) <= MAX_TAPS)
+
+
+def _filter_columns_pay(x, w, spec, preferred) -> bool:
+    """Whether a convolution on XLA's forward path takes its filter gradient from columns on CPU."""
+    return spec[3] == 1 and any(s != 1 for s in spec[0]) and _columns_fit(x, w, spec, preferred)
 
 
 def _conv(x, w, b, *, auto_pad, dilations, group, kernel_shape, pads, strides,
@@ -129,6 +165,9 @@ def _conv(x, w, b, *, auto_pad, dilations, group, kernel_shape, pads, strides,
     spec = (tuple(strides), tuple(dilations), tuple(map(tuple, padding)), group, out)
     if list(kernel) == list(w.shape[2:]) and _columns_pay(x, w, spec, preferred):
         y = on_cpu_else(x, lambda x: _conv_cpu(x, w, spec), lambda x: _xla_conv(x, w, spec))
+    elif list(kernel) == list(w.shape[2:]) and _filter_columns_pay(x, w, spec, preferred):
+        y = on_cpu_else(x, lambda x: _conv_picked_grads(x, w, spec, False),
+                        lambda x: _xla_conv(x, w, spec))
     else:
         y = _xla_conv(x, w, spec, preferred)
     if b is not None:
