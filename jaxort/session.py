@@ -469,7 +469,7 @@ class TrainingSession:
     def train_state(self):
         """The current :class:`jaxort.training.TrainState` (None while nominal or once released)."""
         st = self._handle.session_state
-        return None if self._released or st.owner is not self else st.train
+        return None if self._released or st.owner is not self else st.values()
 
     @property
     def program(self):
@@ -498,8 +498,9 @@ class TrainingSession:
 
 
 def _free(st: Optional[_training.SessionState]) -> None:
-    """Deletes the device buffers of a released state's training state."""
-    for leaf in jax.tree_util.tree_leaves(None if st is None else st.train):
+    """Deletes the device buffers of a released state's training state (packed and unpacked)."""
+    held = [] if st is None or st.train is None else [st.train, st.values()]
+    for leaf in jax.tree_util.tree_leaves(held):
         if isinstance(leaf, jax.Array) and not leaf.is_deleted():
             leaf.delete()
 

@@ -15,7 +15,10 @@ ORT's optimizers are optax transforms (:func:`scale_by_ort_adamw`,
 :func:`scale_by_ort_sgd`), and any optax transform trains as an
 :class:`OptaxOptimizer`, its whole state saved in checkpoints; learning-rate schedules are optax schedules of the
 optimizer step (:func:`linear_lr_schedule`, applied with :func:`apply_schedule`).
-:class:`SessionState` is a checkpoint state and the session over it as one
+:func:`pack` puts a state's small tensors into one buffer per dtype (a
+:class:`PackedState`, which every step takes as it takes a TrainState, and
+faster: per-buffer costs dominate small models on CPU); :func:`unpack`
+gives the TrainState back. :class:`SessionState` is a checkpoint state and the session over it as one
 value, the core both facades delegate to; :class:`ParameterLayout` gives
 ORT's parameter-buffer order. :func:`shard` places a state on a
 ``jax.sharding.Mesh`` (data parallel or fully sharded, :mod:`jaxort.training.sharding`);
@@ -47,6 +50,7 @@ from jaxort.training.artifacts.read import (
     slice_model,
 )
 from jaxort.training.layout import ParameterLayout
+from jaxort.training.packing import PackedState, Packing, pack, unpack
 from jaxort.training.precision import Policy, bfloat16_policy, cast_model
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
@@ -68,6 +72,8 @@ __all__ = [
     "OptaxOptimizer",
     "OrtOptimizer",
     "PROCESS_SEED",
+    "PackedState",
+    "Packing",
     "PROGRAMS",
     "ParameterLayout",
     "Placement",
@@ -91,6 +97,7 @@ __all__ = [
     "opt_state_from_checkpoint_states",
     "opt_state_to_checkpoint_states",
     "optimizer_from_model",
+    "pack",
     "ort_adamw",
     "ort_sgd",
     "scale_by_ort_adamw",
@@ -104,4 +111,5 @@ __all__ = [
     "slice_model",
     "state_from_checkpoint",
     "state_to_checkpoint",
+    "unpack",
 ]

@@ -40,6 +40,7 @@ from jaxort.graph import load_model
 from jaxort.training.artifacts.export import export_model_for_inferencing
 from jaxort.training.layout import ParameterLayout
 from jaxort.training.optimizers import as_optimizer
+from jaxort.training.packing import PackedState, pack, unpack
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
 from jaxort.training.sharding import Placement, gather
@@ -267,8 +268,10 @@ class SessionState:
         by :func:`jaxort.checkpoint.normalize_property`).
       program: the session's compiled program, or None without a session.
       layout: the session's parameter layout (ORT's buffer order).
-      train: the session's :class:`TrainState`; None without a session or
-        while the state is nominal.
+      train: the session's :class:`TrainState`, or after a train step on one
+        device the same values packed (:class:`jaxort.training.packing.PackedState`;
+        :meth:`values` unpacks); None without a session or while the state
+        is nominal.
       device: the JAX device holding ``train`` (on a mesh: its first device).
       placement: the mesh and strategy ``train`` is sharded with, or None
         for one device (see :mod:`jaxort.training.sharding`).
@@ -290,7 +293,7 @@ class SessionState:
     properties: Mapping = dataclasses.field(default_factory=dict)
     program: Optional[TrainProgram] = None
     layout: Optional[ParameterLayout] = None
-    train: Optional[TrainState] = None
+    train: Optional[TrainState | PackedState] = None
     device: Any = None
     owner: Any = None
     seed: int = 0
@@ -373,16 +376,16 @@ class SessionState:
         self.check_parameter(name)
         self.check_values("get a parameter from")
         if self.train is not None:
-            return np.array(gather(self.train.parameters[name]))
+            return np.array(gather(self.values().parameters[name]))
         return np.array(self.checkpoint.parameters[name])
 
     def gradient(self, name: str) -> Optional[np.ndarray]:
         """The accumulated gradient of a trainable parameter; None for frozen ones or without a session."""
         self.check_parameter(name)
         self.check_values("get a gradient from")
-        if self.train is None or name not in self.train.grads:
+        if self.train is None or name not in self.values().grads:
             return None
-        return np.array(gather(self.train.grads[name]))
+        return np.array(gather(self.values().grads[name]))
 
     def parameter_type_and_shape(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
         """The parameter's dtype and shape (works on nominal states)."""
@@ -414,7 +417,7 @@ class SessionState:
     def _with_values(self, values: Mapping[str, np.ndarray]) -> "SessionState":
         if self.train is not None:
             placed = dict(values) if self.placement is not None else jax.device_put(dict(values), self.device)
-            st = self.train
+            st = self.values()
             return self.replace(train=self._place(st.replace(
                 params={**st.params, **{k: v for k, v in placed.items() if k in st.params}},
                 frozen={**st.frozen, **{k: v for k, v in placed.items() if k in st.frozen}})))
@@ -446,7 +449,7 @@ class SessionState:
     def to_checkpoint(self, include_optimizer_state: bool = False) -> ckpt.Checkpoint:
         """The state as it would be saved: parameters, optimizer group when asked for, properties."""
         if self.train is not None:
-            data = self.program.to_checkpoint(self.train, include_optimizer_state)
+            data = self.program.to_checkpoint(self.values(), include_optimizer_state)
         else:
             data = self.checkpoint if include_optimizer_state else self.checkpoint.replace(optimizer_groups=())
         return data.replace(properties=dict(self.properties))
@@ -504,7 +507,7 @@ class SessionState:
             return self
         checkpoint = self.checkpoint
         if self.train is not None:
-            checkpoint = self.program.to_checkpoint(self.train, include_optimizer_state=True)
+            checkpoint = self.program.to_checkpoint(self.values(), include_optimizer_state=True)
             if not self.program.has_optimizer:
                 checkpoint = checkpoint.replace(optimizer_groups=self.checkpoint.optimizer_groups)
         return self.replace(checkpoint=checkpoint, program=None, layout=None, train=None, device=None,
@@ -532,7 +535,7 @@ class SessionState:
         its scheduler is dropped, and the previous owner's calls fail
         :meth:`require_optimizer_owner`.
         """
-        train = self.train
+        train = self.values()
         if train is not None:
             train = self._place(program.add_optimizer_state(train, self.checkpoint.optimizer_groups))
         return self.replace(program=program, train=train, schedule=None, optimizer_owner=owner)
@@ -547,14 +550,30 @@ class SessionState:
     def set_seed(self, seed: int) -> "SessionState":
         """Reseeds the session's random training-mode ops (Dropout)."""
         seed = int(seed)
-        train = self.train
+        train = self.values()
         if train is not None:
             train = self._place(_reseed(train, seed))
         return self.replace(seed=seed, train=train)
 
-    def _live(self) -> TrainState:
+    def values(self) -> Optional[TrainState]:
+        """``train`` as a :class:`TrainState` (unpacked with one compiled call when packed), or None."""
+        return None if self.train is None else unpack(self.train)
+
+    def _live(self, form: str = "state"):
+        """The session's training state; StateError while there is none (a nominal state).
+
+        Args:
+          form: "state" for a :class:`TrainState`, "as is" for ``train`` as
+            it is, "packed" for the form train steps run fastest on: packed
+            on one device (a state on a mesh stays as it is; see
+            :mod:`jaxort.training.packing`).
+        """
         if self.train is None:
             raise StateError(_NOMINAL_STEP)
+        if form == "state":
+            return unpack(self.train)
+        if form == "packed" and self.placement is None and not isinstance(self.train, PackedState):
+            return pack(self.train)
         return self.train
 
     # Steps --------------------------------------------------------------------
@@ -566,7 +585,7 @@ class SessionState:
         (:meth:`TrainProgram.train_step_after`), compiled once for every
         combination of pending calls.
         """
-        st = self._live()
+        st = self._live("packed")
         args = _host_inputs(inputs, self.program.input_names, "the training model")
         pending = self.pending
         st, outputs = self.program.train_step_after(
@@ -601,7 +620,7 @@ class SessionState:
         """This state with its pending calls run on ``train``, one by one."""
         if not self.pending:
             return self
-        st = self.train
+        st = self.values()
         for call in self.pending:
             if call == "optimizer":
                 st = self.program.optimizer_step(st)
@@ -615,7 +634,7 @@ class SessionState:
 
     def eval_step(self, inputs: Sequence[Any]) -> tuple:
         """The eval model's outputs (numpy) on the current parameters."""
-        st = self._live()
+        st = self._live("as is")
         if not self.program.has_eval_model:
             raise StateError("Eval model was not provided: an eval step needs the session to be created "
                              "with an eval model")
@@ -624,7 +643,7 @@ class SessionState:
 
     def lazy_reset_grad(self) -> "SessionState":
         """The next train step overwrites the gradients instead of adding to them (deferred to it)."""
-        self._live()
+        self._live("as is")
         return self.defer("reset")
 
     def optimizer_step(self) -> "SessionState":
@@ -634,7 +653,7 @@ class SessionState:
           StateError: no optimizer, or no train step yet in this session
             (ORT 1.19.2 would step on zero gradients).
         """
-        self._live()
+        self._live("as is")
         if not self.program.has_optimizer:
             raise StateError("No optimizer model was provided: an optimizer step needs the session to be "
                              "created with an optimizer model")
@@ -645,10 +664,10 @@ class SessionState:
 
     # Learning rate ------------------------------------------------------------
 
-    def _check_optimizer(self, action: str) -> TrainState:
+    def _check_optimizer(self, action: str, form: str = "state"):
         if not self.program.has_optimizer:
             raise StateError(f"Cannot {action}: the session has no optimizer model")
-        return self._live()
+        return self._live(form)
 
     def set_learning_rate(self, learning_rate: Any) -> "SessionState":
         """Sets the learning rate of the next optimizer steps (deferred as :meth:`defer` says).
@@ -656,7 +675,7 @@ class SessionState:
         Raises:
           InputError: not a finite number.
         """
-        self._check_optimizer("set the learning rate")
+        self._check_optimizer("set the learning rate", "as is")
         value = _finite_float(learning_rate, "learning rate")
         if "lr" in self.pending and "schedule" not in self.pending:
             return self.replace(pending_learning_rate=value)  # the later of two sets wins
@@ -686,7 +705,7 @@ class SessionState:
         if self.schedule is None:
             raise StateError("No learning rate scheduler was registered; call register_linear_lr_scheduler "
                              "first")
-        self._live()
+        self._live("as is")
         return self.defer("schedule")
 
     # Buffers and export -------------------------------------------------------
@@ -705,7 +724,8 @@ class SessionState:
             raise StateError("Cannot copy parameters from a nominal checkpoint state. Please load the model "
                              "parameters first.")
         names = self.layout.buffer_names(bool(trainable_only))
-        values = gather({n: self.train.parameters[n] for n in names})
+        st = self.values()
+        values = gather({n: st.parameters[n] for n in names})
         return self.layout.flatten(values, bool(trainable_only))
 
     def buffer_to_parameters(self, buffer: Any, trainable_only: bool) -> "SessionState":

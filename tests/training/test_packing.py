@@ -1,0 +1,156 @@
+"""Packed training states: the same values in fewer buffers, and steps that give the same numbers."""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from jaxort import checkpoint as ckpt
+from jaxort.api import CheckpointState, Module, Optimizer
+from jaxort.errors import TrainingError
+from jaxort.training import TrainProgram, TrainState
+from jaxort.training.packing import PackedState, Packing, pack, unpack
+
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
+
+
+def _golden(case):
+    folder = GOLDEN / case
+    start = ckpt.load(folder / "checkpoint")
+    program = TrainProgram.from_artifacts(
+        folder / "training_model.onnx", folder / "eval_model.onnx",
+        folder / "optimizer_model.onnx", checkpoint=start)
+    batches = np.load(folder / "batches.npz")
+    return program, start, list(zip(batches["train::input"], batches["train::labels"])), folder
+
+
+def _assert_same(a: TrainState, b: TrainState, rtol: float = 0.0):
+    """Equal trees, leaf by leaf: same shapes, dtypes and values (floats within ``rtol``)."""
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    assert ta == tb
+    for x, y in zip(la, lb):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        if rtol and x.dtype.kind == "f":
+            # Sums that cancel (gradients) round at the scale of their terms.
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * float(np.abs(y).max(initial=0.0)))
+        else:
+            np.testing.assert_array_equal(x, y)
+
+
+# Packing changes which operations XLA fuses, and how it calls the matrix
+# products (their operands are slices of the packed buffer): sums may be
+# taken in another order and multiply-adds contracted in one program and not
+# the other, so results may differ at float32 rounding.
+ROUNDING = 4 * float(np.finfo(np.float32).eps)
+
+
+def test_small_leaves_share_one_buffer_per_dtype_and_large_ones_stay():
+    program, start, _, _ = _golden("mlp_adamw")
+    state = program.init_state(start)
+    sizes = sorted({int(np.size(x)) for x in jax.tree.leaves(state)})
+    limit = sizes[-2]  # the largest leaves stay loose, the rest is packed
+    packing = Packing.of(state, max_elements=limit)
+    packed = pack(state, packing)
+    leaves = jax.tree.leaves(state)
+    loose = [x for x in leaves if np.size(x) > limit]
+    assert loose and len(packed.loose) == len(loose)
+    assert all(p is x for p, x in zip(packed.loose, loose))  # shared, not copied
+    expected = {}
+    for x in leaves:
+        if np.size(x) <= limit:
+            expected[np.dtype(x.dtype)] = expected.get(np.dtype(x.dtype), 0) + int(np.size(x))
+    assert dict(packing.groups) == expected
+    assert [b.shape for b in packed.buffers] == [(n,) for n in expected.values()]
+    assert packing.packed_leaves == len(leaves) - len(loose)
+    _assert_same(unpack(packed), state)
+    assert unpack(packed) is unpack(packed)  # read once per state
+
+
+def test_steps_on_a_packed_state_give_the_numbers_of_the_state():
+    # Every step a facade runs, on both forms from the same start; a packing
+    # with a loose leaf covers both kinds of leaf.
+    program, start, batches, _ = _golden("mlp_adamw")
+    state = program.init_state(start)
+    limit = sorted({int(np.size(x)) for x in jax.tree.leaves(state)})[-2]
+    packing = Packing.of(state, max_elements=limit)
+    packed = pack(program.init_state(start), packing)
+    (x0, y0), (x1, y1), (x2, y2) = batches[:3]
+
+    calls = [
+        lambda s: program.train_step_after(s, x0, y0),
+        lambda s: program.train_step_after(s, x1, y1, optimizer_step=True, reset_grad=True),
+        lambda s: program.train_step_after(s, x2, y2, optimizer_step=True, learning_rate=0.01),
+        lambda s: program.train_step(s, x0, y0),
+        lambda s: program.optimizer_step(s),
+        lambda s: program.lazy_reset_grad(s),
+        lambda s: program.train_and_update(s, x1, y1),
+    ]
+    for i, call in enumerate(calls):
+        out_s, out_p = call(state), call(packed)
+        if isinstance(out_s, tuple):
+            (state, outs_s), (packed, outs_p) = out_s, out_p
+            np.testing.assert_allclose(np.asarray(outs_p[0]), np.asarray(outs_s[0]), rtol=ROUNDING)
+        else:
+            state, packed = out_s, out_p
+        assert isinstance(packed, PackedState) and packed.packing == packing, f"call {i}"
+        _assert_same(unpack(packed), state, rtol=ROUNDING)
+        np.testing.assert_allclose(np.asarray(program.eval_step(packed, x2, y2)[0]),
+                                   np.asarray(program.eval_step(state, x2, y2)[0]), rtol=ROUNDING)
+    assert int(state.step) == 4
+
+
+def test_training_mode_batch_norm_writes_its_statistics_into_a_packed_state(models):
+    rng = np.random.default_rng(0)
+    params = {"scale": rng.standard_normal(3).astype(np.float32), "bias": np.zeros(3, np.float32),
+              "mean": np.zeros(3, np.float32), "var": np.ones(3, np.float32)}
+    model = models.bn_model(3, 0.9, 1e-5, params)
+    start = ckpt.Checkpoint(trainable={n: params[n] for n in ("scale", "bias")},
+                            frozen={n: params[n] for n in ("mean", "var")})
+    program = TrainProgram.from_artifacts(model, checkpoint=start)
+    state = program.init_state(start)
+    packed = pack(program.init_state(start))
+    x = rng.standard_normal((8, 3, 4, 4)).astype(np.float32)
+    state, _ = program.train_step(state, x)
+    packed, _ = program.train_step(packed, x)
+    _assert_same(unpack(packed), state, rtol=ROUNDING)
+    batch_mean = x.mean(axis=(0, 2, 3))
+    np.testing.assert_allclose(np.asarray(unpack(packed).frozen["mean"]), 0.1 * batch_mean, rtol=1e-5, atol=1e-7)
+
+
+def test_a_state_that_does_not_fit_the_packing_is_refused():
+    program, start, _, _ = _golden("mlp_adamw")
+    state = program.init_state(start)
+    packing = Packing.of(state)
+    with pytest.raises(TrainingError, match="structure"):
+        pack(state.replace(opt_state=()), packing)
+    name = next(iter(state.params))
+    bad = state.replace(params={**state.params, name: state.params[name][:1]})
+    with pytest.raises(TrainingError, match=r"cannot pack a leaf of shape \[1"):
+        pack(bad, packing)
+
+
+def test_the_facades_train_packed_and_read_the_same_values():
+    # jaxort.api's loop trains on a packed state; what it reads and saves is
+    # what the functional core computes on the plain state.
+    program, start, batches, folder = _golden("mlp_adamw")
+    state = CheckpointState.load_checkpoint(str(folder / "checkpoint"))
+    module = Module(str(folder / "training_model.onnx"), state, str(folder / "eval_model.onnx"))
+    optimizer = Optimizer(str(folder / "optimizer_model.onnx"), module)
+    core = program.init_state(start)
+    for i, (x, y) in enumerate(batches[:3]):
+        loss = module(x, y)
+        core, (want,) = program.train_step(core, x, y)
+        np.testing.assert_allclose(loss, np.asarray(want), rtol=ROUNDING)
+        if i == 0:  # nothing deferred yet: the state is as the train step left it
+            assert isinstance(state.session_state.train, PackedState)
+        optimizer.step()
+        module.lazy_reset_grad()
+        core = program.lazy_reset_grad(program.optimizer_step(core))
+    values = module.get_contiguous_parameters().numpy()
+    want = np.concatenate([np.asarray(core.params[n]).ravel() for n in program.layout.buffer_names(True)])
+    np.testing.assert_allclose(values, want, rtol=ROUNDING)
