@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ from jaxort.graph.ops._common import (
     MAX_TAPS,
     auto_pads,
     channel_shape,
+    fence,
     gather_hw,
     on_cpu_else,
     per_axis,
@@ -74,59 +76,107 @@ def _conv_columns(x, w, spec):
     return y
 
 
-# Column gradients pay for small convolutions: below this many column
-# values, XLA's CPU convolution costs more in fixed overhead than the work.
-_SMALL_COLUMNS = 1 << 16
+def _conv_columns_last(x, w, spec):
+    """A one-group convolution as a product with channels-last columns (batch, *out, taps x channels).
+
+    Its transpose in the input (the input gradient) is one matrix product
+    and a col2im sum of shifted slices, which beats XLA's CPU input
+    gradient when the input has few channels (W3's 6 -> 16 5x5 over 64
+    14x14 maps: 2.85 -> 1.07 ms; 3 -> 16 over 16 64x64 maps: 5.3 -> 1.9 ms)
+    and loses from 16 channels on (16 -> 32 over 32 32x32 maps: 3.1 -> 5.7 ms).
+    """
+    strides, dilations, padding, _, out = spec
+    n, c = x.shape[:2]
+    taps = math.prod(w.shape[2:])
+    xt = jnp.moveaxis(jnp.pad(x, ((0, 0), (0, 0)) + padding), 1, -1)
+    cols = jnp.stack([xt[(slice(None),) + sl] for _, sl in tap_slices(w.shape[2:], strides, dilations, out)],
+                     axis=-2)
+    cols = jnp.reshape(cols, (n,) + out + (taps * c,))
+    wm = jnp.reshape(jnp.moveaxis(w, 1, -1), (w.shape[0], taps * c))
+    y = lax.dot_general(cols, wm, (((cols.ndim - 1,), (1,)), ((), ())))  # (n, *out, m)
+    return jnp.moveaxis(y, -1, 1)
+
+
+def _conv_taps(x, w, spec):
+    """A convolution as a sum of shifted inputs times weights, one term per (input channel, tap).
+
+    One elementwise loop with no columns in memory: W3's 1 -> 6 channel
+    5x5 conv of 64 28x28 images takes 0.46 ms this way (columns 1.17 ms,
+    XLA's 3.6 ms on one core). XLA would copy so cheap-looking a loop into
+    each of its consumers, so :func:`_conv_planned` fences its result.
+    """
+    strides, dilations, padding, group, out = spec
+    n, c = x.shape[:2]
+    cg, m = c // group, w.shape[0] // group
+    ones = (1,) * len(out)
+    padded = tuple(p + lo + hi for p, (lo, hi) in zip(x.shape[2:], padding))
+    xg = jnp.reshape(jnp.pad(x, ((0, 0), (0, 0)) + padding), (n, group, cg) + padded)
+    wg = jnp.reshape(w, (group, m, cg) + w.shape[2:])
+    acc = None
+    for offs, sl in tap_slices(w.shape[2:], strides, dilations, out):
+        xs = xg[(slice(None),) * 3 + sl]  # (n, group, cg, *out)
+        for ci in range(cg):
+            term = xs[:, :, ci:ci + 1] * jnp.reshape(wg[(slice(None), slice(None), ci) + offs],
+                                                      (1, group, m) + ones)
+            acc = term if acc is None else acc + term
+    return jnp.reshape(acc, (n, group * m) + out)
+
+
+_FORMS = {"xla": _xla_conv, "columns": _conv_columns, "columns_last": _conv_columns_last,
+          "taps": _conv_taps}
+
+
+class _Plan(NamedTuple):
+    """How a convolution runs on CPU: a form (``_FORMS``) per pass, and where to fence.
+
+    ``input_grad`` and ``filter_grad`` name the forms of the tangent in the
+    input and in the filter; reverse mode runs their transposes. A fence
+    (:func:`fence`) keeps XLA from fusing a tensor into each of its users:
+    ``fence_input`` the input of the forward form, ``fence_output`` its
+    result, ``fence_input_grad`` the input gradient.
+    """
+
+    forward: str
+    input_grad: str
+    filter_grad: str
+    fence_input: bool = False
+    fence_output: bool = False
+    fence_input_grad: bool = False
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _conv_picked_grads(x, w, spec, columns_forward):
-    """A one-group convolution on CPU, each pass the faster of XLA's and the column form's.
-
-    The forward pass is :func:`_conv_columns` when ``columns_forward``
-    (few input channels, see :func:`_columns_pay`), else XLA's; the
-    derivatives were picked by measuring train steps (W3, W6 of the
-    benchmark suite, one core):
-
-    - the filter gradient of a strided convolution is, through XLA, a
-      window-dilated convolution that XLA's CPU backend runs in a slow
-      generic loop (ResNet-18's 7x7 stride-2 stem: 270 us for 3 channels;
-      a 1x1 stride-2 64 -> 128 one over 8 56x56 maps: 6.5 ms); as the
-      transpose of the column form it is one matrix product with the
-      columns (for the stem, fwd + filter gradient 468 -> 243 us; the 1x1
-      one 2.1 ms). Small convolutions gain the same way (28 -> 13 us).
-    - the input gradient of a small stride-1 convolution is cheaper as the
-      column form's transpose (col2im); strided or large ones (W3's 6 -> 16
-      5x5 over 64 12x12 maps) keep XLA's, which the column form loses to
-      in a whole step (W3 0.59x with it).
-    """
-    return _conv_columns(x, w, spec) if columns_forward else _xla_conv(x, w, spec)
+def _conv_planned(x, w, spec, plan):
+    """A convolution on CPU, each pass in the form ``plan`` (a :class:`_Plan`) picks."""
+    if plan.fence_input:
+        x = fence(x, w)
+    y = _FORMS[plan.forward](x, w, spec)
+    return fence(y, w) if plan.fence_output else y
 
 
-def _conv_picked_grads_jvp(spec, columns_forward, primals, tangents):
+def _conv_planned_jvp(spec, plan, primals, tangents):
     x, w = primals
     dx, dw = tangents
-    y = _conv_picked_grads(x, w, spec, columns_forward)
-    strided = any(s != 1 for s in spec[0])
-    small = _column_count(x, w, spec) <= _SMALL_COLUMNS
+    y = _conv_planned(x, w, spec, plan)
     parts = []
     if not isinstance(dx, SymbolicZero):
-        columns = columns_forward and small and not strided
-        parts.append(_conv_columns(dx, w, spec) if columns else _xla_conv(dx, w, spec))
+        # A fence on the tangent is, transposed, a fence on the input gradient.
+        parts.append(_FORMS[plan.input_grad](fence(dx, w) if plan.fence_input_grad else dx, w, spec))
     if not isinstance(dw, SymbolicZero):
-        parts.append(_conv_columns(x, dw, spec) if small or strided else _xla_conv(x, dw, spec))
+        parts.append(_FORMS[plan.filter_grad](x, dw, spec))
     dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros_like(y)
     return y, dy
 
 
-_conv_picked_grads.defjvp(_conv_picked_grads_jvp, symbolic_zeros=True)
+_conv_planned.defjvp(_conv_planned_jvp, symbolic_zeros=True)
 
 
-def _conv_cpu(x, w, spec):
-    if spec[3] == 1:
-        return _conv_picked_grads(x, w, spec, True)
-    # Grouped (depthwise): XLA's filter and input gradients are slow too.
-    return _conv_columns(x, w, spec)
+# Column gradients pay for small convolutions: below this many column
+# values, XLA's CPU convolution costs more in fixed overhead than the work.
+_SMALL_COLUMNS = 1 << 16
+# The tap form for at most this many (input channel, tap) terms a convolution...
+_TAP_TERMS = 32
+# ... with at least this many output values; fences for tensors of at least as many.
+_FENCE_ELEMENTS = 1 << 15
 
 
 def _column_count(x, w, spec) -> int:
@@ -135,7 +185,7 @@ def _column_count(x, w, spec) -> int:
 
 
 def _columns_fit(x, w, spec, preferred) -> bool:
-    """Whether the column form can express a convolution, within _COLUMN_ELEMENTS values."""
+    """Whether the column forms can express a convolution, within _COLUMN_ELEMENTS values."""
     _, _, padding, group, out = spec
     c = x.shape[1]
     return (preferred is None and x.dtype in (jnp.float32, jnp.float64) and w.dtype == x.dtype
@@ -144,15 +194,61 @@ def _columns_fit(x, w, spec, preferred) -> bool:
             and _column_count(x, w, spec) <= _COLUMN_ELEMENTS)
 
 
-def _columns_pay(x, w, spec, preferred) -> bool:
-    """Whether a convolution takes the column form when it runs on CPU."""
-    return (_columns_fit(x, w, spec, preferred) and x.shape[1] // spec[3] <= _COLUMN_CHANNELS
-            and math.prod(w.shape[2:]) <= MAX_TAPS)
+def _cpu_plan(x, w, spec, preferred) -> _Plan | None:
+    """The :class:`_Plan` of a convolution on CPU, or None for XLA's convolution and derivatives.
 
+    Picked by measuring train steps (W3 and W6 of the benchmark suite, one
+    core) and the passes alone:
 
-def _filter_columns_pay(x, w, spec, preferred) -> bool:
-    """Whether a convolution on XLA's forward path takes its filter gradient from columns on CPU."""
-    return spec[3] == 1 and any(s != 1 for s in spec[0]) and _columns_fit(x, w, spec, preferred)
+    - few input channels per group (<= _COLUMN_CHANNELS, XLA's CPU
+      convolution is slow there): the forward pass as taps when that is at
+      most _TAP_TERMS terms over a large output, else as columns; the input
+      gradient from columns when small (the forward's columns are shared),
+      from channels-last columns (col2im) when large;
+    - the filter gradient of a strided convolution is, through XLA, a
+      window-dilated convolution its CPU backend runs in a slow generic
+      loop (ResNet-18's 7x7 stride-2 stem: 270 us for 3 channels; a 1x1
+      stride-2 64 -> 128 one over 8 56x56 maps: 6.5 ms); as the transpose
+      of the column form it is one matrix product with the columns (the
+      stem: forward and filter gradient 468 -> 243 us; the 1x1 one 2.1 ms).
+      Small convolutions gain the same way (28 -> 13 us);
+    - grouped (depthwise) convolutions with few channels per group: every
+      pass from columns (a depthwise 3x3 of 32 channels: 8 -> 1.7 ms, its
+      input gradient 8 -> 0.6 ms).
+
+    Tensors of at least _FENCE_ELEMENTS values that XLA would otherwise
+    recompute in several fusions are fenced: the taps form's result, the
+    input the forward's columns slice (W3: maxpool and ReLU of the first
+    layer recomputed in each of the second layer's 25 column slices, 2.9 ms
+    a step), the col2im input gradient. Small ones are not: a fence costs
+    a few microseconds, more than recomputing a small tensor (W6).
+    """
+    if not _columns_fit(x, w, spec, preferred):
+        return None
+    strides, _, _, group, out = spec
+    cg = x.shape[1] // group
+    taps = math.prod(w.shape[2:])
+    few = cg <= _COLUMN_CHANNELS and taps <= MAX_TAPS
+    strided = any(s != 1 for s in strides)
+    if group > 1:
+        return _Plan("columns", "columns", "columns") if few else None
+    if not (few or strided):
+        return None
+    small = _column_count(x, w, spec) <= _SMALL_COLUMNS
+    large_input = x.size >= _FENCE_ELEMENTS
+    if few and cg * taps <= _TAP_TERMS and x.shape[0] * w.shape[0] * math.prod(out) >= _FENCE_ELEMENTS:
+        forward, fence_input, fence_output = "taps", False, True
+    elif few:
+        forward, fence_input, fence_output = "columns", large_input, False
+    else:
+        forward, fence_input, fence_output = "xla", False, False
+    if strided or not few:
+        input_grad = "xla"
+    else:
+        input_grad = "columns" if small else "columns_last"
+    filter_grad = "columns" if small or strided else "xla"
+    return _Plan(forward, input_grad, filter_grad, fence_input, fence_output,
+                 input_grad == "columns_last" and large_input)
 
 
 def _conv(x, w, b, *, auto_pad, dilations, group, kernel_shape, pads, strides,
@@ -163,11 +259,9 @@ def _conv(x, w, b, *, auto_pad, dilations, group, kernel_shape, pads, strides,
     out = tuple((size + lo + hi - e) // s + 1
                 for size, (lo, hi), e, s in zip(x.shape[2:], padding, eff, strides))
     spec = (tuple(strides), tuple(dilations), tuple(map(tuple, padding)), group, out)
-    if list(kernel) == list(w.shape[2:]) and _columns_pay(x, w, spec, preferred):
-        y = on_cpu_else(x, lambda x: _conv_cpu(x, w, spec), lambda x: _xla_conv(x, w, spec))
-    elif list(kernel) == list(w.shape[2:]) and _filter_columns_pay(x, w, spec, preferred):
-        y = on_cpu_else(x, lambda x: _conv_picked_grads(x, w, spec, False),
-                        lambda x: _xla_conv(x, w, spec))
+    plan = _cpu_plan(x, w, spec, preferred) if list(kernel) == list(w.shape[2:]) else None
+    if plan is not None:
+        y = on_cpu_else(x, lambda x: _conv_planned(x, w, spec, plan), lambda x: _xla_conv(x, w, spec))
     else:
         y = _xla_conv(x, w, spec, preferred)
     if b is not None:

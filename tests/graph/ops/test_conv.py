@@ -226,33 +226,100 @@ def test_conv_columns_derivatives_match_finite_differences(xs, ws, attrs):
                     eps=1e-5, atol=1e-6, rtol=1e-6)
 
 
-# A stride-1 convolution too large for the column gradients (XLA's then) and a strided one.
+# Large enough for the other plans: a stride-1 convolution past _SMALL_COLUMNS (col2im input
+# gradient, XLA's filter gradient), the same with an input to fence, a strided one, and one
+# input channel over a large output (the tap form).
 LARGE_COLUMN_CASES = [((4, 2, 48, 48), (3, 2, 5, 5), dict(pads=[1, 2, 0, 1])),
-                      ((4, 3, 48, 48), (4, 3, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1]))]
+                      ((32, 6, 14, 14), (16, 6, 5, 5), {}),
+                      ((4, 3, 48, 48), (4, 3, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+                      ((8, 1, 28, 28), (6, 1, 5, 5), dict(pads=[2, 2, 2, 2]))]
+LARGE_IDS = ["large-stride-1", "large-fenced", "large-strided", "large-taps"]
+
+
+def _spec(xs, ws, attrs):
+    strides = tuple(attrs.get("strides", (1,) * (len(xs) - 2)))
+    dilations = tuple(attrs.get("dilations", (1,) * (len(xs) - 2)))
+    pads = attrs.get("pads", [0] * 2 * (len(xs) - 2))
+    n = len(xs) - 2
+    padding = tuple((pads[i], pads[i + n]) for i in range(n))
+    out = tuple((size + lo + hi - (k - 1) * d - 1) // s + 1 for size, (lo, hi), k, d, s in
+                zip(xs[2:], padding, ws[2:], dilations, strides))
+    return (strides, dilations, padding, attrs.get("group", 1), out)
+
+
+def _assert_close_to(a, b):
+    # float32 sums over up to 2304 terms in different orders: tolerances scale with the values.
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
+                               atol=1e-5 * max(1.0, float(np.abs(np.asarray(b)).max())))
 
 
 @pytest.mark.parametrize("xs,ws,attrs", COLUMN_CASES[:4] + LARGE_COLUMN_CASES,
-                         ids=COLUMN_IDS[:4] + ["large-stride-1", "large-strided"])
-def test_conv_columns_equal_xla_convolution_and_its_gradients(xs, ws, attrs):
+                         ids=COLUMN_IDS[:4] + LARGE_IDS)
+def test_conv_plans_equal_xla_convolution_and_its_gradients(xs, ws, attrs):
     # On GPU and TPU Conv stays lax.conv_general_dilated: both paths agree in value and gradient.
     x, w, _ = (jnp.asarray(a) for a in _conv_inputs(xs, ws, np.float32))
-    group = attrs.get("group", 1)
-    strides = tuple(attrs.get("strides", (1, 1)))
-    dilations = tuple(attrs.get("dilations", (1, 1)))
-    pads = attrs.get("pads", [0] * 4)
-    padding = ((pads[0], pads[2]), (pads[1], pads[3]))
-    out = tuple((size + lo + hi - (k - 1) * d - 1) // s + 1 for size, (lo, hi), k, d, s in
-                zip(xs[2:], padding, ws[2:], dilations, strides))
-    spec = (strides, dilations, padding, group, out)
-    assert conv_ops._columns_pay(x, w, spec, None)
-    g = jnp.asarray(np.random.default_rng(5).standard_normal((xs[0], ws[0]) + out).astype(np.float32))
-    (y_c, pb_c), (y_x, pb_x) = (jax.vjp(lambda x, w: conv_ops._conv_cpu(x, w, spec), x, w),
+    spec = _spec(xs, ws, attrs)
+    plan = conv_ops._cpu_plan(x, w, spec, None)
+    assert plan is not None
+    g = jnp.asarray(np.random.default_rng(5).standard_normal((xs[0], ws[0]) + spec[4]).astype(np.float32))
+    (y_c, pb_c), (y_x, pb_x) = (jax.vjp(lambda x, w: conv_ops._conv_planned(x, w, spec, plan), x, w),
                                 jax.vjp(lambda x, w: conv_ops._xla_conv(x, w, spec), x, w))
-    np.testing.assert_allclose(np.asarray(y_c), np.asarray(y_x), rtol=1e-5, atol=1e-5)
+    _assert_close_to(y_c, y_x)
     for a, b in zip(pb_c(g), pb_x(g)):
-        # float32 sums over up to 2304 terms in different orders: tolerances scale with the values.
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
-                                   atol=1e-5 * max(1.0, float(np.abs(np.asarray(b)).max())))
+        _assert_close_to(a, b)
+
+
+def test_the_large_cases_take_the_plans_they_test():
+    plans = [conv_ops._cpu_plan(jnp.zeros(xs), jnp.zeros(ws), _spec(xs, ws, attrs), None)
+             for xs, ws, attrs in LARGE_COLUMN_CASES]
+    assert plans[0] == conv_ops._Plan("columns", "columns_last", "xla")
+    assert plans[1] == conv_ops._Plan("columns", "columns_last", "xla", fence_input=True,
+                                      fence_input_grad=True)
+    assert plans[2] == conv_ops._Plan("columns", "xla", "columns")
+    assert plans[3] == conv_ops._Plan("taps", "columns_last", "xla", fence_output=True)
+
+
+@pytest.mark.parametrize("form", ["columns", "columns_last", "taps"])
+@pytest.mark.parametrize("xs,ws,attrs", [COLUMN_CASES[1], COLUMN_CASES[3], COLUMN_CASES[4],
+                                         LARGE_COLUMN_CASES[1]], ids=["strided", "grouped", "1-d", "c6"])
+def test_every_form_is_the_convolution_and_transposes_to_its_derivatives(form, xs, ws, attrs):
+    # Each form alone, whatever plan picks it: value and both derivatives equal XLA's.
+    if form == "columns_last" and attrs.get("group", 1) != 1:
+        pytest.skip("channels-last columns are for one group")
+    x, w, _ = (jnp.asarray(a) for a in _conv_inputs(xs, ws, np.float32))
+    spec = _spec(xs, ws, attrs)
+    g = jnp.asarray(np.random.default_rng(6).standard_normal((xs[0], ws[0]) + spec[4]).astype(np.float32))
+    (y_f, pb_f), (y_x, pb_x) = (jax.vjp(lambda x, w: conv_ops._FORMS[form](x, w, spec), x, w),
+                                jax.vjp(lambda x, w: conv_ops._xla_conv(x, w, spec), x, w))
+    _assert_close_to(y_f, y_x)
+    for a, b in zip(pb_f(g), pb_x(g)):
+        _assert_close_to(a, b)
+
+
+@pytest.mark.parametrize("xs,ws,attrs", LARGE_COLUMN_CASES[1:2] + LARGE_COLUMN_CASES[3:],
+                         ids=["large-fenced", "large-taps"])
+def test_fenced_plans_have_forward_mode_and_second_derivatives(xs, ws, attrs):
+    # The fences are conditionals: jvp, grad of grad and vmap go through them (float64, small).
+    with x64_enabled_scope():
+        x, w, b = (jnp.asarray(a) for a in _conv_inputs(xs, ws, np.float64))
+        x = x[:2]  # the plan stays the float32 one's (fences included): picked once below
+        spec = _spec(x.shape, ws, attrs)
+        plan = conv_ops._cpu_plan(jnp.zeros(xs), jnp.zeros(ws), _spec(xs, ws, attrs), None)
+        assert plan.fence_input or plan.fence_output
+        f = lambda x, w: conv_ops._conv_planned(x, w, spec, plan)  # noqa: E731
+        check_grads(f, (x, w), order=2, modes=["fwd", "rev"], eps=1e-5, atol=1e-6, rtol=1e-6)
+        batched = jax.vmap(f, in_axes=(None, 0))(x, jnp.stack([w, 2 * w]))
+        np.testing.assert_allclose(batched[1], 2 * np.asarray(conv_ops._xla_conv(x, w, spec)), rtol=1e-10, atol=1e-10)
+
+
+def test_a_fence_is_a_conditional_that_returns_its_input():
+    from jaxort.graph.ops._common import fence
+
+    x = jnp.arange(6.0).reshape(2, 3)
+    for key in (jnp.float32(np.nan), jnp.float32(-np.inf), jnp.float32(2.0)):
+        np.testing.assert_array_equal(jax.jit(fence)(x, key), x)
+    np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(fence(x, x[0, 0]) * x))(x), 2 * x)
+    assert "conditional" in jax.jit(fence).lower(x, x[0, 0]).compile().as_text()
 
 
 @pytest.mark.parametrize("platform,conv,dot", [("cpu", False, True), ("cuda", True, False),
@@ -269,8 +336,8 @@ def test_a_one_channel_conv_is_a_matrix_product_on_cpu_only(platform, conv, dot)
     assert ("stablehlo.convolution" in text) == conv
 
 
-def test_a_large_stride_1_conv_keeps_xla_derivatives_on_cpu():
-    # Past _SMALL_COLUMNS values the column form's input and filter gradients lose to XLA's.
+def test_a_large_stride_1_conv_keeps_xla_filter_gradient_on_cpu():
+    # Past _SMALL_COLUMNS values the column form's filter gradient loses to XLA's.
     xs, ws = (4, 2, 48, 48), (3, 2, 5, 5)
     assert conv_ops._column_count(np.zeros(xs), np.zeros(ws), (None,) * 4 + ((44, 44),)) > \
         conv_ops._SMALL_COLUMNS
@@ -278,5 +345,5 @@ def test_a_large_stride_1_conv_keeps_xla_derivatives_on_cpu():
     args = tuple(jnp.asarray(a) for a in _conv_inputs(xs, ws, np.float32))
     forward = export.export(jax.jit(f), platforms=["cpu"])(*args).mlir_module()
     assert "stablehlo.convolution" not in forward
-    grad = jax.jit(jax.grad(lambda x, w, b: jnp.sum(f(x, w, b) ** 2), argnums=(0, 1)))
+    grad = jax.jit(jax.grad(lambda x, w, b: jnp.sum(f(x, w, b) ** 2), argnums=1))
     assert "stablehlo.convolution" in export.export(grad, platforms=["cpu"])(*args).mlir_module()
