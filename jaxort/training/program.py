@@ -37,8 +37,8 @@ from jaxort.graph._values import NodeKey
 from jaxort.training.artifacts import read as ort_artifacts
 from jaxort.training.layout import ParameterLayout
 from jaxort.training.packing import PackedState, Packing, pack, unpack
-from jaxort.training.optimizers import (DEFAULT_LEARNING_RATE, OptaxOptimizer, OrtOptimizer, as_optimizer,
-                                        optimizer_from_model)
+from jaxort.training.optimizers import (DEFAULT_LEARNING_RATE, OptaxOptimizer, OrtOptimizer, _is_ort_state,
+                                        as_optimizer, optimizer_from_model)
 from jaxort.training.precision import Policy, cast_model, compute_names
 from jaxort.training.sharding import Placement, gather, placement_of
 from jaxort.training.state import (
@@ -423,26 +423,98 @@ class TrainProgram:
             outs = tuple(self.policy.cast_to_output(o) for o in outs)
         return (self.loss_fn(*outs, *labels),) + tuple(outs)
 
-    def _opt_apply(self, state: TrainState) -> TrainState:
+    def _opt_apply(self, state: TrainState, flat: bool = False, when=None) -> TrainState:
+        """The optimizer step; ``when`` (a bool array): the step where it is true, else ``state``.
+
+        ``flat``: update every parameter as one concatenated vector (see
+        :meth:`_flat_update_applies`); on a packed state whose parameters,
+        gradients and moments each lie contiguous in the packed buffer, the
+        concatenations are slices of it and the update is one loop.
+        """
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
+        if flat:
+            return self._opt_apply_flat(state, when)
         updates, opt_state = self.optimizer.update(
             state.grads, state.opt_state, state.params, learning_rate=state.learning_rate)
         params = optax.apply_updates(state.params, updates)
-        return state.replace(params=params, opt_state=opt_state)
+        updated = state.replace(params=params, opt_state=opt_state)
+        if when is None:
+            return updated
+        return jax.tree.map(lambda new, old: jnp.where(when, new, old), updated, state)
 
-    def _opt_core(self, state: TrainState) -> TrainState:
+    def _opt_apply_flat(self, state: TrainState, when) -> TrainState:
+        names = sorted(state.params)  # JAX's leaf order of a dict: the packed buffer's order
+        shapes = [jnp.shape(state.params[n]) for n in names]
+        ends = np.cumsum([int(np.prod(s, dtype=np.int64)) for s in shapes]).tolist()
+
+        def join(tree):
+            return {"all": jnp.concatenate([jnp.ravel(tree[n]) for n in names])}
+
+        def split(flat):
+            starts = [0] + ends[:-1]
+            return {n: jax.lax.slice(flat["all"], (a,), (b,)).reshape(s)
+                    for n, s, a, b in zip(names, shapes, starts, ends)}
+
+        opt = self.optimizer
+        trees = opt._moment_trees(state.opt_state)
+        flat_opt = opt._with_state(state.opt_state, {m: join(t) for m, t in trees.items()},
+                                   state.opt_state.count)
+        params = join(state.params)
+        updates, new_opt = opt.update(join(state.grads), flat_opt, params,
+                                      learning_rate=state.learning_rate)
+        new_params = optax.apply_updates(params, updates)
+        count = new_opt.count
+        new_trees = opt._moment_trees(new_opt)
+        if when is not None:
+            new_params = jax.tree.map(lambda new, old: jnp.where(when, new, old), new_params, params)
+            new_trees = {m: {"all": jnp.where(when, t["all"], join(trees[m])["all"])}
+                         for m, t in new_trees.items()}
+            count = jnp.where(when, count, state.opt_state.count)
+        opt_state = opt._with_state(state.opt_state, {m: split(t) for m, t in new_trees.items()}, count)
+        return state.replace(params=split(new_params), opt_state=opt_state)
+
+    def _flat_update_applies(self, packing: Packing) -> bool:
+        """Whether the optimizer step over states packed with ``packing`` runs flat.
+
+        It does when the optimizer is an ORT kernel's own transform (its
+        update is elementwise, one formula for every parameter), every
+        trainable parameter is float32, and the parameters, their
+        gradients and each of their moments lie contiguous, in the same
+        order, in one packed buffer (``Packing.of`` packs a state's leaves
+        in tree order, so they do when every trainable tensor is packed).
+        """
+        opt = self.optimizer
+        if not isinstance(opt, OrtOptimizer):
+            return False
+        slots = jax.tree.unflatten(packing.treedef, list(packing.slots))
+        if not _is_ort_state(slots.opt_state) or not slots.params:
+            return False
+        trees = [slots.params, slots.grads, *opt._moment_trees(slots.opt_state).values()]
+        runs = []
+        for tree in trees:
+            leaves = [tree[n] for n in slots.params]
+            if any(group < 0 or np.dtype(dtype) != np.float32 for group, _, _, dtype in leaves):
+                return False
+            sizes = [int(np.prod(shape, dtype=np.int64)) for _, _, shape, _ in leaves]
+            offsets = [offset for _, offset, _, _ in leaves]
+            if offsets != (offsets[0] + np.cumsum([0] + sizes[:-1], dtype=np.int64)).tolist():
+                return False
+            runs.append((leaves[0][0], sizes))
+        return all(run == runs[0] for run in runs)
+
+    def _opt_core(self, state: TrainState, flat: bool = False) -> TrainState:
         self._traces["optimizer_step"] += 1
-        return self._opt_apply(state)
+        return self._opt_apply(state, flat=flat)
 
-    def _fused_core(self, state: TrainState, *inputs, micro_batches: int = 1):
+    def _fused_core(self, state: TrainState, *inputs, micro_batches: int = 1, flat: bool = False):
         self._traces["train_and_update"] += 1
         state, outs = self._train_apply(state, inputs, micro_batches)
-        state = self._opt_apply(state)
+        state = self._opt_apply(state, flat=flat)
         return state.replace(accumulate=jnp.zeros_like(state.accumulate)), outs
 
     def _after_core(self, state: TrainState, optimizer_step, set_rate, rate, schedule_step, reset_grad,
-                    *inputs, schedule=None, select=False):
+                    *inputs, schedule=None, select=False, flat=False):
         self._traces["train_step_after"] += 1
         if self.optimizer is not None:
             if select:
@@ -450,8 +522,7 @@ class TrainProgram:
                 # update is one fused loop over the packed buffer, and a
                 # select keeps it so; a cond would split it into one buffer
                 # per tensor again.
-                updated = self._opt_apply(state)
-                state = jax.tree.map(lambda new, old: jnp.where(optimizer_step, new, old), updated, state)
+                state = self._opt_apply(state, flat=flat, when=optimizer_step)
             else:
                 # A cond, not a select: a step without a pending optimizer step
                 # (the first, or one of several accumulating) skips the update.
@@ -767,9 +838,11 @@ class TrainProgram:
         # widths 3-24, all packed: select 1.45 ms, cond 1.53 ms).
         slots = jax.tree.unflatten(packing.treedef, list(packing.slots))
         select = all(slot[0] >= 0 for slot in jax.tree.leaves(slots.params, is_leaf=lambda x: isinstance(x, tuple)))
-        core = {"train": self._train_core, "fused": self._fused_core, "eval": self._eval_core,
-                "opt": self._opt_core,
-                "after": functools.partial(self._after_core, schedule=schedule, select=select)}[kind]
+        flat = self._flat_update_applies(packing)
+        core = {"train": self._train_core, "fused": functools.partial(self._fused_core, flat=flat),
+                "eval": self._eval_core, "opt": functools.partial(self._opt_core, flat=flat),
+                "after": functools.partial(self._after_core, schedule=schedule, select=select,
+                                           flat=flat)}[kind]
 
         def packed_core(packed, *args):
             out = core(packing.unpack(packed), *args)

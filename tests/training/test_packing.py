@@ -71,13 +71,17 @@ def test_small_leaves_share_one_buffer_per_dtype_and_large_ones_stay():
     assert unpack(packed) is unpack(packed)  # read once per state
 
 
-def test_steps_on_a_packed_state_give_the_numbers_of_the_state():
-    # Every step a facade runs, on both forms from the same start; a packing
-    # with a loose leaf covers both kinds of leaf.
-    program, start, batches, _ = _golden("mlp_adamw")
+@pytest.mark.parametrize("case,all_packed", [("mlp_adamw", False), ("mlp_adamw", True), ("mlp_sgd", True)])
+def test_steps_on_a_packed_state_give_the_numbers_of_the_state(case, all_packed):
+    # Every step a facade runs, on both forms from the same start. A packing
+    # with a loose leaf covers both kinds of leaf and updates tensor by
+    # tensor; with every leaf packed, the optimizer updates all parameters
+    # as one vector (contiguous in the buffer).
+    program, start, batches, _ = _golden(case)
     state = program.init_state(start)
-    limit = sorted({int(np.size(x)) for x in jax.tree.leaves(state)})[-2]
-    packing = Packing.of(state, max_elements=limit)
+    sizes = sorted({int(np.size(x)) for x in jax.tree.leaves(state)})
+    packing = Packing.of(state, max_elements=sizes[-1] if all_packed else sizes[-2])
+    assert program._flat_update_applies(packing) == all_packed
     packed = pack(program.init_state(start), packing)
     (x0, y0), (x1, y1), (x2, y2) = batches[:3]
 
