@@ -277,6 +277,10 @@ def test_the_large_cases_take_the_plans_they_test():
                                       fence_input_grad=True)
     assert plans[2] == conv_ops._Plan("columns", "xla", "columns")
     assert plans[3] == conv_ops._Plan("taps", "columns_last", "xla", fence_output=True)
+    # A 1x1 convolution's columns are its input: a matrix product, never taps, never fenced.
+    one = conv_ops._cpu_plan(jnp.zeros((8, 8, 16, 16)), jnp.zeros((48, 8, 1, 1)),
+                             _spec((8, 8, 16, 16), (48, 8, 1, 1), {}), None)
+    assert one == conv_ops._Plan("columns", "columns", "columns")
 
 
 @pytest.mark.parametrize("form", ["columns", "columns_last", "taps"])
