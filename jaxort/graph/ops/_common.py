@@ -256,6 +256,8 @@ def fence(x, key):
     ``key`` must not depend on what is differentiated through ``x``: in a
     JVP rule, fence a tangent with a primal.
     """
+    if np.size(key) == 0:
+        return x  # nothing to key on; an empty key leaves the fence out
     k = jnp.reshape(key, (-1,))[0]
     return lax.cond((k == k) | (k != k), lambda v: v, lambda v: -v, x)
 

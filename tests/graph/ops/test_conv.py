@@ -324,6 +324,16 @@ def test_a_fence_is_a_conditional_that_returns_its_input():
         np.testing.assert_array_equal(jax.jit(fence)(x, key), x)
     np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(fence(x, x[0, 0]) * x))(x), 2 * x)
     assert "conditional" in jax.jit(fence).lower(x, x[0, 0]).compile().as_text()
+    np.testing.assert_array_equal(fence(x, jnp.zeros((0,))), x)  # no value to key on: no fence
+
+
+def test_a_conv_with_no_output_channels_is_empty():
+    # The plans key their fences on the filter: none to key on here, and no crash.
+    x, w = jnp.ones((64, 2, 28, 28)), jnp.ones((0, 2, 5, 5))
+    spec = _spec(x.shape, w.shape, {})
+    y = jax.jit(lambda x, w: conv_ops._conv(x, w, None, auto_pad="NOTSET", dilations=None, group=1,
+                                            kernel_shape=None, pads=None, strides=None))(x, w)
+    assert y.shape == (64, 0) + spec[4]
 
 
 @pytest.mark.parametrize("platform,conv,dot", [("cpu", False, True), ("cuda", True, False),
