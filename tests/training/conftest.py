@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import types
 
 import numpy as np
@@ -83,3 +84,25 @@ def models():
     """The model builders and numpy references of this module."""
     return types.SimpleNamespace(dropout_model=dropout_model, bn_model=bn_model,
                                  mlp_softmax_ce=mlp_softmax_ce)
+
+
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
+
+
+def _golden_case(case: str):
+    """A golden case's ORT artifacts as a program: (program, start checkpoint, batches npz, folder)."""
+    from jaxort import checkpoint as ckpt
+    from jaxort.training import TrainProgram
+
+    folder = GOLDEN / case
+    start = ckpt.load(folder / "checkpoint")
+    program = TrainProgram.from_artifacts(
+        folder / "training_model.onnx", folder / "eval_model.onnx",
+        folder / "optimizer_model.onnx", checkpoint=start)
+    return program, start, np.load(folder / "batches.npz"), folder
+
+
+@pytest.fixture
+def golden():
+    """Loads a case of tests/fixtures/golden (copied from ONNX Runtime Training's outputs)."""
+    return _golden_case

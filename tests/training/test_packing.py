@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pathlib
 
 import jax
 import numpy as np
@@ -14,16 +13,8 @@ from jaxort.errors import TrainingError
 from jaxort.training import TrainProgram, TrainState
 from jaxort.training.packing import PackedState, Packing, pack, unpack
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
-
-
-def _golden(case):
-    folder = GOLDEN / case
-    start = ckpt.load(folder / "checkpoint")
-    program = TrainProgram.from_artifacts(
-        folder / "training_model.onnx", folder / "eval_model.onnx",
-        folder / "optimizer_model.onnx", checkpoint=start)
-    batches = np.load(folder / "batches.npz")
+def _golden(golden, case):
+    program, start, batches, folder = golden(case)
     return program, start, list(zip(batches["train::input"], batches["train::labels"])), folder
 
 
@@ -49,8 +40,8 @@ def _assert_same(a: TrainState, b: TrainState, rtol: float = 0.0):
 ROUNDING = 4 * float(np.finfo(np.float32).eps)
 
 
-def test_small_leaves_share_one_buffer_per_dtype_and_large_ones_stay():
-    program, start, _, _ = _golden("mlp_adamw")
+def test_small_leaves_share_one_buffer_per_dtype_and_large_ones_stay(golden):
+    program, start, _, _ = _golden(golden, "mlp_adamw")
     state = program.init_state(start)
     sizes = sorted({int(np.size(x)) for x in jax.tree.leaves(state)})
     limit = sizes[-2]  # the largest leaves stay loose, the rest is packed
@@ -72,12 +63,12 @@ def test_small_leaves_share_one_buffer_per_dtype_and_large_ones_stay():
 
 
 @pytest.mark.parametrize("case,all_packed", [("mlp_adamw", False), ("mlp_adamw", True), ("mlp_sgd", True)])
-def test_steps_on_a_packed_state_give_the_numbers_of_the_state(case, all_packed):
+def test_steps_on_a_packed_state_give_the_numbers_of_the_state(case, all_packed, golden):
     # Every step a facade runs, on both forms from the same start. A packing
     # with a loose leaf covers both kinds of leaf and updates tensor by
     # tensor; with every leaf packed, the optimizer updates all parameters
     # as one vector (contiguous in the buffer).
-    program, start, batches, _ = _golden(case)
+    program, start, batches, _ = _golden(golden, case)
     state = program.init_state(start)
     sizes = sorted({int(np.size(x)) for x in jax.tree.leaves(state)})
     packing = Packing.of(state, max_elements=sizes[-1] if all_packed else sizes[-2])
@@ -126,8 +117,8 @@ def test_training_mode_batch_norm_writes_its_statistics_into_a_packed_state(mode
     np.testing.assert_allclose(np.asarray(unpack(packed).frozen["mean"]), 0.1 * batch_mean, rtol=1e-5, atol=1e-7)
 
 
-def test_a_state_that_does_not_fit_the_packing_is_refused():
-    program, start, _, _ = _golden("mlp_adamw")
+def test_a_state_that_does_not_fit_the_packing_is_refused(golden):
+    program, start, _, _ = _golden(golden, "mlp_adamw")
     state = program.init_state(start)
     packing = Packing.of(state)
     with pytest.raises(TrainingError, match="structure"):
@@ -138,10 +129,10 @@ def test_a_state_that_does_not_fit_the_packing_is_refused():
         pack(bad, packing)
 
 
-def test_the_facades_train_packed_and_read_the_same_values():
+def test_the_facades_train_packed_and_read_the_same_values(golden):
     # jaxort.api's loop trains on a packed state; what it reads and saves is
     # what the functional core computes on the plain state.
-    program, start, batches, folder = _golden("mlp_adamw")
+    program, start, batches, folder = _golden(golden, "mlp_adamw")
     state = CheckpointState.load_checkpoint(str(folder / "checkpoint"))
     module = Module(str(folder / "training_model.onnx"), state, str(folder / "eval_model.onnx"))
     optimizer = Optimizer(str(folder / "optimizer_model.onnx"), module)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pathlib
 
 import numpy as np
 import pytest
@@ -11,20 +10,8 @@ from jaxort import checkpoint as ckpt
 from jaxort.errors import CheckpointError, InputError
 from jaxort.training import TrainProgram, set_learning_rate, set_seed
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
-
-
-def _golden_program(case):
-    folder = GOLDEN / case
-    start = ckpt.load(folder / "checkpoint")
-    program = TrainProgram.from_artifacts(
-        folder / "training_model.onnx", folder / "eval_model.onnx",
-        folder / "optimizer_model.onnx", checkpoint=start)
-    return program, start, np.load(folder / "batches.npz")
-
-
-def test_accumulation_and_lazy_reset_match_numpy(models):
-    program, start, batches = _golden_program("mlp_sgd")
+def test_accumulation_and_lazy_reset_match_numpy(models, golden):
+    program, start, batches, _ = golden("mlp_sgd")
     params = {n: np.asarray(v) for n, v in start.trainable.items()}
     x0, y0 = batches["train::input"][0], batches["train::labels"][0]
     x1, y1 = batches["train::input"][1], batches["train::labels"][1]
@@ -47,8 +34,8 @@ def test_accumulation_and_lazy_reset_match_numpy(models):
         np.testing.assert_allclose(np.asarray(state.grads[n]), g1[n], rtol=1e-5, atol=1e-6)
 
 
-def test_optimizer_step_keeps_gradients_and_uses_learning_rate(models):
-    program, start, batches = _golden_program("mlp_sgd")
+def test_optimizer_step_keeps_gradients_and_uses_learning_rate(models, golden):
+    program, start, batches, _ = golden("mlp_sgd")
     params = {n: np.asarray(v) for n, v in start.trainable.items()}
     x0, y0 = batches["train::input"][0], batches["train::labels"][0]
     _, g0 = models.mlp_softmax_ce(params, x0, y0)
@@ -62,8 +49,8 @@ def test_optimizer_step_keeps_gradients_and_uses_learning_rate(models):
                                    params[n] - np.float32(0.25) * g0[n], rtol=1e-5, atol=1e-6)
 
 
-def test_learning_rate_and_batch_contents_never_recompile():
-    program, start, batches = _golden_program("mlp_adamw")
+def test_learning_rate_and_batch_contents_never_recompile(golden):
+    program, start, batches, _ = golden("mlp_adamw")
     xs, ys = batches["train::input"], batches["train::labels"]
     state = program.init_state(start)
     for i in range(4):
@@ -87,22 +74,22 @@ def test_learning_rate_and_batch_contents_never_recompile():
     assert program.trace_count("train_step") == 2
 
 
-def test_train_and_update_matches_the_ort_call_pattern_result():
+def test_train_and_update_matches_the_ort_call_pattern_result(golden):
     # train_and_update == train_step, optimizer_step, lazy_reset_grad; the golden
     # mlp_adamw run makes exactly these calls, so the result is ORT's.
-    program, start, batches = _golden_program("mlp_adamw")
+    program, start, batches, folder = golden("mlp_adamw")
     state = set_learning_rate(program.init_state(start), 0.01)
     for i in range(6):
         state, (loss,) = program.train_and_update(
             state, batches["train::input"][i], batches["train::labels"][i])
-    want = np.load(GOLDEN / "mlp_adamw" / "params_after.npz")
+    want = np.load(folder / "params_after.npz")
     for n in want.files:
         np.testing.assert_allclose(np.asarray(state.params[n]), want[n], rtol=1e-4, atol=1e-6)
     assert int(state.step) == 6 and not bool(state.accumulate)
 
 
-def test_wrong_inputs_are_reported():
-    program, start, batches = _golden_program("mlp_adamw")
+def test_wrong_inputs_are_reported(golden):
+    program, start, batches, _ = golden("mlp_adamw")
     state = program.init_state(start)
     with pytest.raises(InputError, match="input"):
         program.train_step(state, batches["train::input"][0])
@@ -157,7 +144,7 @@ def test_dropout_is_random_in_train_and_identity_in_eval(models):
     assert float(train_loss) != float(train_loss2)  # a new mask each step
 
 
-def test_the_key_advances_only_when_a_random_op_draws_one(models):
+def test_the_key_advances_only_when_a_random_op_draws_one(models, golden):
     # A step splits the state's key for its random nodes; without any (the
     # MLP) the key stays as it was, so XLA can drop the split from the step.
     import jax
@@ -170,7 +157,7 @@ def test_the_key_advances_only_when_a_random_op_draws_one(models):
     state, _ = program.train_step(state, x, y)
     np.testing.assert_array_equal(np.asarray(state.rng), np.asarray(jax.random.split(key0)[0]))
 
-    program, start, batches = _golden_program("mlp_adamw")
+    program, start, batches, _ = golden("mlp_adamw")
     state = program.init_state(start)
     key0 = np.asarray(state.rng)
     state, _ = program.train_and_update(state, batches["train::input"][0], batches["train::labels"][0])
