@@ -383,9 +383,10 @@ class SessionState:
         """The accumulated gradient of a trainable parameter; None for frozen ones or without a session."""
         self.check_parameter(name)
         self.check_values("get a gradient from")
-        if self.train is None or name not in self.values().grads:
+        grads = None if self.train is None else self.values().grads
+        if grads is None or name not in grads:
             return None
-        return np.array(gather(self.values().grads[name]))
+        return np.array(gather(grads[name]))
 
     def parameter_type_and_shape(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
         """The parameter's dtype and shape (works on nominal states)."""
