@@ -8,6 +8,7 @@ registers no op and imports nothing from the op modules.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from jaxort.errors import OpError
 
@@ -287,20 +289,81 @@ def batch_norm_inference(x, scale, b, mean, var, epsilon):
     return y.astype(x.dtype)
 
 
-def batch_stats(x):
+def _batch_norm_forward(x, scale, b, epsilon):
+    """Training-mode batch normalization: ``(y, mean, var, xhat, inv)``, statistics in float32 or wider.
+
+    The same operations as :func:`batch_norm_inference` with the batch's
+    statistics (ORT's numbers): two-pass mean and biased variance over every
+    axis but the channels.
+    """
     cd = at_least_float32(x.dtype)
+    shape = channel_shape(x)
     axes = (0,) + tuple(range(2, x.ndim))
     xc = x.astype(cd)
     mean = jnp.mean(xc, axis=axes)
-    var = jnp.mean(jnp.square(xc - jnp.reshape(mean, channel_shape(x))), axis=axes)
-    return mean, var
+    d = xc - jnp.reshape(mean, shape)
+    var = jnp.mean(jnp.square(d), axis=axes)
+    inv = lax.rsqrt(jnp.reshape(var, shape) + epsilon)
+    xhat = d * inv
+    y = xhat * jnp.reshape(scale, shape).astype(cd) + jnp.reshape(b, shape).astype(cd)
+    return y.astype(x.dtype), mean, var, xhat, inv
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def batch_norm_train(x, scale, b, epsilon):
+    """Training-mode batch normalization: ``(y, batch mean, batch variance)``.
+
+    Differentiated by its own rule (:func:`_batch_norm_train_jvp`): XLA
+    compiles the backward pass of the written-out formula to four reductions
+    over ``x``'s size, the transpose of this rule to two, the per-channel
+    sums of the output gradient ``g`` and of ``g * xhat``, which are the
+    bias and scale gradients too (ResNet-18 at widths 3-24, batch 8:
+    85 -> 45 reduction loops a train step). Forward mode, second
+    derivatives and ``vmap`` work as for any JAX function.
+    """
+    return _batch_norm_forward(x, scale, b, epsilon)[:3]
+
+
+def _batch_norm_train_jvp(epsilon, primals, tangents):
+    x, scale, b = primals
+    dx, dscale, db = tangents
+    y, mean, var, xhat, inv = _batch_norm_forward(x, scale, b, epsilon)
+    cd = xhat.dtype
+    shape = channel_shape(x)
+    axes = (0,) + tuple(range(2, x.ndim))
+    # Every per-channel term multiplies xhat (or is added) with the tangent
+    # on the left, so the transposes of the dx, scale and bias terms share
+    # the same two reductions, sum(g * xhat) and sum(g), and XLA computes
+    # each once.
+    parts = []
+    dmean = dvar = None
+    if not isinstance(dx, SymbolicZero):
+        dxc = dx.astype(cd)
+        c = jnp.reshape(scale, shape).astype(cd) * inv
+        mdx = jnp.mean(dxc, axis=axes, keepdims=True)
+        mdxh = jnp.mean(dxc * xhat, axis=axes, keepdims=True)
+        # d xhat = inv * (dx - mean(dx) - xhat * mean(dx * xhat))
+        parts += [c * dxc, -(mdx * c), -(mdxh * c) * xhat]
+        dmean = jnp.reshape(mdx, mean.shape)
+        # var = mean(d * d), d = xhat / inv: d var = 2 mean(d * dx) = 2 mean(xhat * dx) / inv
+        dvar = jnp.reshape(2.0 * mdxh / inv, var.shape)
+    if not isinstance(dscale, SymbolicZero):
+        parts.append(jnp.reshape(dscale, shape).astype(cd) * xhat)
+    if not isinstance(db, SymbolicZero):
+        parts.append(jnp.reshape(db, shape).astype(cd))
+    dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), cd)
+    dy = jnp.broadcast_to(dy, xhat.shape).astype(y.dtype)
+    return (y, mean, var), (dy, jnp.zeros_like(mean) if dmean is None else dmean,
+                            jnp.zeros_like(var) if dvar is None else dvar)
+
+
+batch_norm_train.defjvp(_batch_norm_train_jvp, symbolic_zeros=True)
 
 
 def batch_norm(x, scale, b, mean, var, *, epsilon, momentum, training, ctx):
     """Returns (Y, running_mean, running_var, saved_mean, saved_var)."""
     if training or ctx.training:
-        bm, bv = batch_stats(x)
-        y = batch_norm_inference(x, scale, b, bm, bv, epsilon)
+        y, bm, bv = batch_norm_train(x, scale, b, float(epsilon))
         run_mean = (mean * momentum + bm.astype(mean.dtype) * (1 - momentum)).astype(mean.dtype)
         run_var = (var * momentum + bv.astype(var.dtype) * (1 - momentum)).astype(var.dtype)
         if ctx.training:

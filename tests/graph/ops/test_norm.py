@@ -5,6 +5,7 @@ BatchNormalization's training behaviour (batch statistics, running-statistic upd
 from __future__ import annotations
 
 import jax
+import pytest
 import numpy as np
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -200,3 +201,96 @@ def test_batch_norm_9_single_output_is_inference():
     r = (1, 2, 1)
     expected = (x - m.reshape(r)) / np.sqrt(v.reshape(r) + 1e-5) * s.reshape(r) + b.reshape(r)
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------- training-mode batch norm's own derivative rule
+
+
+def _bn_written_out(x, scale, b, epsilon):
+    """Training-mode batch normalization in plain jax.numpy (differentiated by JAX op by op)."""
+    import jax.numpy as jnp
+
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    xc = x.astype(np.float32) if x.dtype == np.float16 else x
+    mean = jnp.mean(xc, axis=axes)
+    var = jnp.mean((xc - mean.reshape(shape)) ** 2, axis=axes)
+    y = (xc - mean.reshape(shape)) / jnp.sqrt(var.reshape(shape) + epsilon)
+    y = y * scale.reshape(shape).astype(xc.dtype) + b.reshape(shape).astype(xc.dtype)
+    return y.astype(x.dtype), mean, var
+
+
+def _bn_inputs(shape, dtype=np.float64, seed=0):
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    return (rng.normal(1.0, 2.0, shape).astype(dtype), rng.uniform(0.5, 1.5, c).astype(dtype),
+            rng.normal(size=c).astype(dtype))
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (3, 2, 5), (2, 3, 4, 5), (2, 2, 3, 2, 3)])
+@pytest.mark.parametrize("outputs", ["y", "y+stats", "stats"])
+def test_batch_norm_rule_gradients_equal_the_written_out_formula(shape, outputs):
+    from jaxort.graph.ops._common import batch_norm_train
+
+    with jax.enable_x64(True):
+        x, scale, b = _bn_inputs(shape)
+        rng = np.random.default_rng(1)
+        wy, wm, wv = rng.normal(size=shape), rng.normal(size=shape[1]), rng.normal(size=shape[1])
+
+        def loss(f):
+            def fn(x, scale, b):
+                y, m, v = f(x, scale, b, 1e-3)
+                total = 0.0
+                if "y" in outputs.split("+"):
+                    total = total + (jax.numpy.sin(y) * wy).sum()
+                if "stats" in outputs:
+                    total = total + (m * wm).sum() + (v * wv).sum()
+                return total
+            return fn
+
+        got = jax.jit(jax.grad(loss(batch_norm_train), (0, 1, 2)))(x, scale, b)
+        want = jax.grad(loss(_bn_written_out), (0, 1, 2))(x, scale, b)
+        for g, w_ in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w_), rtol=1e-9, atol=1e-11)
+        values = batch_norm_train(x, scale, b, 1e-3)
+        for g, w_ in zip(values, _bn_written_out(x, scale, b, 1e-3)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w_), rtol=1e-12, atol=1e-12)
+
+
+def test_batch_norm_rule_second_order_and_forward_mode():
+    from jax.test_util import check_grads
+
+    from jaxort.graph.ops._common import batch_norm_train
+
+    with jax.enable_x64(True):
+        x, scale, b = _bn_inputs((3, 2, 2, 3))
+        check_grads(lambda *a: batch_norm_train(*a, 1e-3), (x, scale, b), order=2, modes=("fwd", "rev"))
+        # A tangent in one argument only (the others symbolic zeros).
+        for i in range(3):
+            t = [np.zeros_like(a) for a in (x, scale, b)]
+            t[i] = np.random.default_rng(i).normal(size=t[i].shape)
+            _, got = jax.jvp(lambda *a: batch_norm_train(*a, 1e-3), (x, scale, b), tuple(t))
+            _, want = jax.jvp(lambda *a: _bn_written_out(*a, 1e-3), (x, scale, b), tuple(t))
+            for g, w_ in zip(got, want):
+                np.testing.assert_allclose(np.asarray(g), np.asarray(w_), rtol=1e-9, atol=1e-11)
+
+
+def test_batch_norm_rule_under_vmap_and_in_float16():
+    import jax.numpy as jnp
+
+    from jaxort.graph.ops._common import batch_norm_train
+
+    xs = np.stack([_bn_inputs((4, 3, 2, 2), np.float32, seed=s)[0] for s in range(3)])
+    _, scale, b = _bn_inputs((4, 3, 2, 2), np.float32)
+
+    def loss(f, x):
+        return jnp.sum(jnp.tanh(f(x, scale, b, 1e-5)[0]))
+
+    got = jax.vmap(jax.grad(lambda x: loss(batch_norm_train, x)))(xs)
+    want = np.stack([np.asarray(jax.grad(lambda x: loss(_bn_written_out, x))(x)) for x in xs])
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-5)
+    # float16 input: statistics and the rule in float32, the gradient back in float16.
+    x16 = xs[0].astype(np.float16)
+    g16 = jax.grad(lambda x: loss(batch_norm_train, x).astype(jnp.float32))(x16)
+    assert g16.dtype == np.float16
+    np.testing.assert_allclose(np.asarray(g16, np.float32), want[0], rtol=2e-2, atol=2e-3)
