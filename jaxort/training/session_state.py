@@ -280,6 +280,11 @@ class SessionState:
       seed: the seed of the session's random ops.
       seed_generation: the :class:`ProcessSeed` generation last followed.
       has_grads: a train step ran in this session.
+      accumulating: the next train step adds to the gradients (``train``'s
+        accumulation flag, mirrored on the host): True after a train step,
+        False in a new session and once a lazy reset ran. A train step that
+        is known to overwrite them runs a program that does not read them
+        (:meth:`TrainProgram.train_step_after`'s ``reset_grad``).
       schedule: the registered learning-rate schedule, or None.
       optimizer_owner: an opaque token of the facade optimizer that drives
         the session's optimizer; a replaced optimizer's calls are refused
@@ -299,6 +304,7 @@ class SessionState:
     seed: int = 0
     seed_generation: int = 0
     has_grads: bool = False
+    accumulating: bool = False
     schedule: Optional[Callable] = None
     optimizer_owner: Any = None
     placement: Optional[Placement] = None
@@ -493,8 +499,8 @@ class SessionState:
         if not base.checkpoint.is_nominal:
             train = base._place(program.init_state(base.checkpoint, seed=seed))
         return base.replace(program=program, layout=layout, train=train, owner=owner,
-                            seed=seed, seed_generation=generation, has_grads=False, schedule=None,
-                            optimizer_owner=None)
+                            seed=seed, seed_generation=generation, has_grads=False, accumulating=False,
+                            schedule=None, optimizer_owner=None)
 
     def _place(self, train: TrainState) -> TrainState:
         """``train`` on this session's device, or sharded by its placement."""
@@ -512,7 +518,8 @@ class SessionState:
             if not self.program.has_optimizer:
                 checkpoint = checkpoint.replace(optimizer_groups=self.checkpoint.optimizer_groups)
         return self.replace(checkpoint=checkpoint, program=None, layout=None, train=None, device=None,
-                            placement=None, owner=None, has_grads=False, schedule=None, optimizer_owner=None)
+                            placement=None, owner=None, has_grads=False, accumulating=False, schedule=None,
+                            optimizer_owner=None)
 
     def require_owner(self, owner: Any, message: str = "the checkpoint state is now used by another "
                                                        "TrainingSession") -> None:
@@ -584,7 +591,9 @@ class SessionState:
 
         The pending calls and the step run as one compiled call
         (:meth:`TrainProgram.train_step_after`), compiled once for every
-        combination of pending calls.
+        combination of pending calls; once more if the session also
+        accumulates gradients over several steps (a step that overwrites
+        them, after a lazy reset or as the first, does not read them).
         """
         st = self._live("packed")
         args = _host_inputs(inputs, self.program.input_names, "the training model")
@@ -592,8 +601,9 @@ class SessionState:
         st, outputs = self.program.train_step_after(
             st, *args, optimizer_step="optimizer" in pending,
             learning_rate=self.pending_learning_rate if "lr" in pending else None, schedule=self.schedule,
-            schedule_step="schedule" in pending, reset_grad="reset" in pending)
-        return (self.replace(train=st, has_grads=True, pending=(), pending_learning_rate=None),
+            schedule_step="schedule" in pending,
+            reset_grad="reset" in pending or not self.accumulating)
+        return (self.replace(train=st, has_grads=True, accumulating=True, pending=(), pending_learning_rate=None),
                 tuple(np.asarray(o) for o in outputs))
 
     def defer(self, call: str) -> "SessionState":
@@ -622,6 +632,7 @@ class SessionState:
         if not self.pending:
             return self
         st = self.values()
+        accumulating = self.accumulating
         for call in self.pending:
             if call == "optimizer":
                 st = self.program.optimizer_step(st)
@@ -631,7 +642,8 @@ class SessionState:
                 st = apply_schedule(st, self.schedule)
             else:
                 st = self.program.lazy_reset_grad(st)
-        return self.replace(train=st, pending=(), pending_learning_rate=None)
+                accumulating = False
+        return self.replace(train=st, accumulating=accumulating, pending=(), pending_learning_rate=None)
 
     def eval_step(self, inputs: Sequence[Any]) -> tuple:
         """The eval model's outputs (numpy) on the current parameters."""
@@ -746,7 +758,7 @@ class SessionState:
         data = cp.replace(trainable={n: values[n] for n in cp.trainable},
                           frozen={n: values[n] for n in cp.frozen}, is_nominal=False)
         train = self._place(self.program.init_state(data, seed=self.seed))
-        return self.replace(checkpoint=data, train=train)
+        return self.replace(checkpoint=data, train=train, accumulating=False)
 
     def export_model(self, output_names: Sequence[str]) -> onnx.ModelProto:
         """The inference model: the eval graph up to ``output_names`` with the current parameters.

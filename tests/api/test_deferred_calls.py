@@ -195,6 +195,39 @@ def test_the_loop_compiles_one_train_step(compiles):
     assert traced == {"train_step_after": 1, "train_step": 0, "train_and_update": 0}
 
 
+def test_accumulating_gradients_compiles_one_more_program_and_adds_them(compiles):
+    # A step that overwrites the gradients (the first, or after a lazy reset,
+    # whether the reset waited for the step or a read ran it) runs a program
+    # that does not read them; a step that adds to them runs the other one.
+    # Two programs for a loop that accumulates, the numbers of the calls run
+    # one by one.
+    from jaxort.training.session_state import PROGRAMS
+
+    PROGRAMS.clear()  # a program of its own, not one other tests compiled variants of
+    state, module, opt = _api()
+    program = state.session_state.program
+    core, st = _core()
+    before = program.trace_count("train_step_after")
+    counts = []
+    for i in range(8):
+        x, y = _batch(i)
+        counts.append(compiles.during(module, x, y))
+        st, _ = core.train_step(st, x, y)
+        if i % 2:  # every two batches: one optimizer step on their summed gradients
+            opt.step()
+            st = core.optimizer_step(st)
+            module.lazy_reset_grad()
+            st = core.lazy_reset_grad(st)
+            if i == 5:  # a read runs the deferred reset now
+                module.get_contiguous_parameters()
+    assert counts[0] >= 1 and counts[1] >= 1 and counts[2:] == [0] * 6, counts
+    assert program.trace_count("train_step_after") - before == 2
+    _assert_params_equal(_params(state), _core_params(st))
+    for name, p in state.parameters:
+        if p.requires_grad:
+            np.testing.assert_allclose(p.grad, np.asarray(st.grads[name]), rtol=1e-6, atol=1e-8, err_msg=name)
+
+
 def test_a_learning_rate_set_every_step_is_deferred_with_the_step(monkeypatch):
     # ORT's loop with a hand-made schedule: train, optimizer step, set the
     # rate, reset. The set waits with the optimizer step for the next train
