@@ -1020,18 +1020,17 @@ class _InputChecker:
         return out
 
     def _check_labels(self, inputs: tuple) -> None:
-        values = dict(zip(self.names, inputs))
         for name, scores, ignore in self.labels:
-            labels = values[name]
+            labels = inputs[self.names.index(name)]
             if isinstance(labels, jax.core.Tracer):
                 continue
             count = self._counts.get(scores) or self._traced_count(scores, inputs)
             if count is None:
                 continue
             labels = np.asarray(labels)
-            # Two reductions settle the common case (every label valid) at
-            # a third of the cost of the masks below, which name the culprits.
-            if labels.size == 0 or (labels.min() >= 0 and labels.max() < count):
+            # One reduction settles the common case (every label valid) at a
+            # fraction of the cost of the masks below, which name the culprits.
+            if labels.size == 0 or _all_below(labels, count):
                 continue
             bad = (labels < 0) | (labels >= count)
             if ignore is not None:
@@ -1071,9 +1070,24 @@ class _InputChecker:
         return count
 
 
+_UNSIGNED = {np.dtype(f"int{8 * n}"): np.dtype(f"uint{8 * n}") for n in (1, 2, 4, 8)}
+
+
+def _all_below(labels: np.ndarray, count: int) -> bool:
+    """Whether every value of ``labels`` is in ``[0, count)``, in one reduction for integers."""
+    unsigned = _UNSIGNED.get(labels.dtype)
+    if unsigned is not None:
+        # Seen as unsigned, a negative label is larger than any class count.
+        return int(np.maximum.reduce(labels.view(unsigned), axis=None)) < count
+    return bool(labels.min() >= 0 and labels.max() < count)
+
+
 def _check_input(spec, x):
     """``x`` checked against ``(name, shape, dtype)``; nested lists become numpy arrays of the declared dtype."""
     name, shape, dtype = spec
+    if (type(x) is np.ndarray and dtype is not None and shape is not None and x.dtype == dtype
+            and len(x.shape) == len(shape) and all(e == g for e, g in zip(shape, x.shape) if type(e) is int)):
+        return x  # the common case; every other one is checked in full below
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):
         array = np.asarray(x) if isinstance(x, (list, tuple, int, float, bool)) else None
         if array is None or array.dtype == object:
