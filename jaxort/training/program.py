@@ -480,9 +480,10 @@ class TrainProgram:
         It does when the optimizer is an ORT kernel's own transform (its
         update is elementwise, one formula for every parameter), every
         trainable parameter is float32, and the parameters, their
-        gradients and each of their moments lie contiguous, in the same
-        order, in one packed buffer (``Packing.of`` packs a state's leaves
-        in tree order, so they do when every trainable tensor is packed).
+        gradients and each of their moments each lie contiguous, in the
+        same order, in a packed buffer (``Packing.of`` packs a state's
+        leaves in tree order, so they do when every trainable tensor is
+        packed, whether they share one buffer or have one each).
         """
         opt = self.optimizer
         if not isinstance(opt, OrtOptimizer):
@@ -496,11 +497,13 @@ class TrainProgram:
             leaves = [tree[n] for n in slots.params]
             if any(group < 0 or np.dtype(dtype) != np.float32 for group, _, _, dtype in leaves):
                 return False
+            if len({group for group, _, _, _ in leaves}) != 1:
+                return False
             sizes = [int(np.prod(shape, dtype=np.int64)) for _, _, shape, _ in leaves]
             offsets = [offset for _, offset, _, _ in leaves]
             if offsets != (offsets[0] + np.cumsum([0] + sizes[:-1], dtype=np.int64)).tolist():
                 return False
-            runs.append((leaves[0][0], sizes))
+            runs.append(sizes)
         return all(run == runs[0] for run in runs)
 
     def _opt_core(self, state: TrainState, flat: bool = False) -> TrainState:

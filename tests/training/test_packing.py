@@ -62,16 +62,22 @@ def test_small_leaves_share_one_buffer_per_dtype_and_large_ones_stay(golden):
     assert unpack(packed) is unpack(packed)  # read once per state
 
 
-@pytest.mark.parametrize("case,all_packed", [("mlp_adamw", False), ("mlp_adamw", True), ("mlp_sgd", True)])
-def test_steps_on_a_packed_state_give_the_numbers_of_the_state(case, all_packed, golden):
+@pytest.mark.parametrize("case,all_packed,by_role", [
+    ("mlp_adamw", False, False), ("mlp_adamw", True, False), ("mlp_sgd", True, False),
+    ("mlp_adamw", False, True), ("mlp_adamw", True, True), ("mlp_sgd", True, True)])
+def test_steps_on_a_packed_state_give_the_numbers_of_the_state(case, all_packed, by_role, golden):
     # Every step a facade runs, on both forms from the same start. A packing
     # with a loose leaf covers both kinds of leaf and updates tensor by
     # tensor; with every leaf packed, the optimizer updates all parameters
-    # as one vector (contiguous in the buffer).
+    # as one vector (contiguous in the buffer, shared or the parameters' own).
     program, start, batches, _ = _golden(golden, case)
     state = program.init_state(start)
     sizes = sorted({int(np.size(x)) for x in jax.tree.leaves(state)})
-    packing = Packing.of(state, max_elements=sizes[-1] if all_packed else sizes[-2])
+    packing = Packing.of(state, max_elements=sizes[-1] if all_packed else sizes[-2],
+                         role_elements=0 if by_role else 1 << 62)
+    roles = 3 if program.optimizer.optimizer_type == "AdamW" else 1  # params, and Adam's two moments
+    assert len(packing.groups) == len({np.dtype(x.dtype) for x in jax.tree.leaves(state)}) + (
+        roles if by_role else 0)
     assert program._flat_update_applies(packing) == all_packed
     packed = pack(program.init_state(start), packing)
     (x0, y0), (x1, y1), (x2, y2) = batches[:3]
@@ -97,6 +103,23 @@ def test_steps_on_a_packed_state_give_the_numbers_of_the_state(case, all_packed,
         np.testing.assert_allclose(np.asarray(program.eval_step(packed, x2, y2)[0]),
                                    np.asarray(program.eval_step(state, x2, y2)[0]), rtol=ROUNDING)
     assert int(state.step) == 4
+
+
+def test_parameters_and_moments_get_buffers_of_their_own_when_many(golden):
+    program, start, _, _ = _golden(golden, "mlp_adamw")
+    state = program.init_state(start)
+    n_params = sum(int(np.size(x)) for x in jax.tree.leaves(state.params))
+    few, many = Packing.of(state, role_elements=n_params + 1), Packing.of(state, role_elements=n_params)
+    assert len(few.groups) == len({np.dtype(x.dtype) for x in jax.tree.leaves(state)})
+    # The parameters, then Adam's two moments, each a float32 buffer of the
+    # parameters' size; gradients, counters and the rest share their dtype's.
+    own = [size for dtype, size in many.groups if size == n_params and dtype == np.float32]
+    assert len(many.groups) == len(few.groups) + 3 and len(own) >= 3
+    packed = pack(state, many)
+    _assert_same(unpack(packed), state)
+    slots = jax.tree.unflatten(many.treedef, list(many.slots))
+    assert len({slots.params[n][0] for n in slots.params}) == 1
+    assert slots.params[next(iter(slots.params))][0] != slots.grads[next(iter(slots.grads))][0]
 
 
 def test_training_mode_batch_norm_writes_its_statistics_into_a_packed_state(models):
