@@ -101,8 +101,11 @@ class Module:
           InputError: wrong inputs.
           StateError: eval mode without an eval model; nominal state.
         """
-        ort_values = [_is_ort_value(x) for x in user_inputs]
-        inputs = tuple(x.numpy() if is_value else x for x, is_value in zip(user_inputs, ort_values))
+        if all(type(x) is np.ndarray for x in user_inputs):
+            ort_values, inputs = [], user_inputs  # the common case
+        else:
+            ort_values = [_is_ort_value(x) for x in user_inputs]
+            inputs = tuple(x.numpy() if is_value else x for x, is_value in zip(user_inputs, ort_values))
         if self.training:
             outputs = self._run(lambda st: st.train_step(inputs), deferring=True)
         else:

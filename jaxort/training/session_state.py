@@ -138,6 +138,11 @@ class ProcessSeed:
             self._seed = int(seed)
             self._generation += 1
 
+    @property
+    def generation(self) -> int:
+        """How many times :meth:`set` was called (read without the lock: an int read is atomic)."""
+        return self._generation
+
     def get(self) -> tuple[Optional[int], int]:
         """``(seed or None if never set, generation)``."""
         with self._lock:
@@ -550,6 +555,8 @@ class SessionState:
 
     def follow_seed(self) -> "SessionState":
         """Reseeds the session if ORT's process-wide SetSeed was called since it last looked."""
+        if PROCESS_SEED.generation == self.seed_generation:
+            return self  # the common case, without the lock
         seed, generation = PROCESS_SEED.get()
         if generation == self.seed_generation or seed is None:
             return self
@@ -604,7 +611,7 @@ class SessionState:
             schedule_step="schedule" in pending,
             reset_grad="reset" in pending or not self.accumulating)
         return (self.replace(train=st, has_grads=True, accumulating=True, pending=(), pending_learning_rate=None),
-                tuple(np.asarray(o) for o in outputs))
+                tuple([np.asarray(o) for o in outputs]))
 
     def defer(self, call: str) -> "SessionState":
         """Records ``call`` ("optimizer", "lr", "schedule" or "reset") to run before the next train step.
@@ -620,6 +627,8 @@ class SessionState:
         can tell a deferred call from one run at once.
         """
         order = _DEFERRED.index(call)
+        if not self.pending:
+            return self.replace(pending=(call,))
         st = self
         if call != "reset" and any(_DEFERRED.index(p) >= order for p in self.pending if p != "reset"):
             st = self.flushed()
