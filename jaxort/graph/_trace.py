@@ -468,13 +468,6 @@ def _dispatch(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tuple
             result = h.fn(*args, **kwargs)
     except JaxortError:
         raise
-    except TypeError as e:
-        if node.domain == _PATTERN_DOMAIN and "forward-mode" in str(e):
-            raise OpError(
-                f"{node.describe}: forward-mode differentiation (jax.jvp, jax.jacfwd, jax.hessian) "
-                "does not go through fused patterns, whose derivative rules are reverse-mode only; "
-                "build the JaxGraph with fuse=False to differentiate it in forward mode") from e
-        raise OpError(f"{node.describe} failed: {type(e).__name__}: {e}") from e
     except Exception as e:
         raise OpError(f"{node.describe} failed: {type(e).__name__}: {e}") from e
     if not isinstance(result, tuple):
@@ -587,16 +580,13 @@ def _prepare_nodes(prep: _Preparer, kept: list, opsets: dict, static: dict, outp
     return nodes, tuple(fusions)
 
 
-_PATTERN_DOMAIN = "jaxort.patterns"
-
-
 def _fused_node(group, opsets: dict) -> _Node:
     m = group.match
     node = _Node()
     node.proto = m.nodes[-1]
     node.name = node.proto.name
     node.op_type = group.pattern.name
-    node.domain = _PATTERN_DOMAIN
+    node.domain = "jaxort.patterns"
     node.opset = opsets.get("", 0)
     node.inputs = tuple(m.inputs)
     node.outputs = tuple(m.outputs)

@@ -7,17 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def unbroadcast(g, shape):
-    """Sums ``g`` down to ``shape``: the cotangent of a value broadcast to ``g.shape``."""
-    shape = tuple(shape)
-    lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
-    if axes:
-        g = jnp.sum(g, axis=axes, keepdims=True)
-    return g.reshape(shape)
-
-
 def positive_axes(axes, ndim: int) -> tuple:
     """``axes`` (None: all) as sorted non-negative ints."""
     if axes is None:

@@ -6,10 +6,11 @@ is either a Transpose of K swapping its last two axes (folded into the group
 when nothing else reads it) or any value. Leading (batch, head) axes
 broadcast as MatMul's do.
 
-The backward rule reuses the saved probabilities: dV = P^T g, dS = P * (dP -
-sum(dP * P)) with dP = g V^T, then dQ and dK from dS. Products run in the
-input dtype (as the op-by-op path does); the softmax runs in float32 for
-narrower floats.
+The derivative rule is a ``custom_jvp`` (forward mode works) whose
+transpose is the backward pass, from the forward's probabilities: dV = P^T g,
+dS = P * (dP - sum(dP * P)) with dP = g V^T, then dQ and dK from dS. Products
+run in the input dtype (as the op-by-op path does); the softmax runs in
+float32 for narrower floats.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from jaxort.graph.ops._common import at_least_float32
-from jaxort.graph.patterns._common import as_dtype, unbroadcast
+from jaxort.graph.patterns._common import as_dtype
 from jaxort.graph.patterns._match import Match, is_op, register_pattern
 
 
@@ -43,32 +44,45 @@ def _probs(q, kt, mask, scale, divide):
     return jax.nn.softmax(as_dtype(s, at_least_float32(s.dtype)), axis=-1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _live(t) -> bool:
+    return t is not None and not isinstance(t, SymbolicZero)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
 def _attention(q, kt, v, mask, scale, divide):
     p = _probs(q, kt, mask, scale, divide)
     return jnp.matmul(as_dtype(p, v.dtype), v)
 
 
-def _attention_fwd(q, kt, v, mask, scale, divide):
+def _attention_jvp(scale, divide, primals, tangents):
+    q, kt, v, mask = primals
+    dq, dkt, dv, dmask = tangents
     p = _probs(q, kt, mask, scale, divide)
-    return jnp.matmul(as_dtype(p, v.dtype), v), (q, kt, v, mask, p)
-
-
-def _attention_bwd(scale, divide, res, g):
-    q, kt, v, mask, p = res
     pd = as_dtype(p, v.dtype)
-    dv = unbroadcast(jnp.matmul(_swap(pd), g), v.shape)
-    dp = as_dtype(jnp.matmul(g, _swap(v)), p.dtype)
-    ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True))
-    dmask = None if mask is None else as_dtype(unbroadcast(ds, np.shape(mask)),
-                                               jnp.result_type(mask))
-    ds = _scaled(as_dtype(ds, q.dtype), scale, divide)
-    dq = unbroadcast(jnp.matmul(ds, _swap(kt)), q.shape)
-    dkt = unbroadcast(jnp.matmul(_swap(q), ds), kt.shape)
-    return as_dtype(dq, q.dtype), as_dtype(dkt, kt.dtype), as_dtype(dv, v.dtype), dmask
+    y = jnp.matmul(pd, v)
+    parts = []
+    scores = []
+    if _live(dq):
+        scores.append(jnp.matmul(dq, kt))
+    if _live(dkt):
+        scores.append(jnp.matmul(q, dkt))
+    ds = _scaled(functools.reduce(jnp.add, scores), scale, divide) if scores else None
+    if _live(dmask):
+        dm = as_dtype(dmask, p.dtype)
+        ds = dm if ds is None else as_dtype(ds, p.dtype) + dm
+    if ds is not None:
+        # The softmax tangent p * (ds - sum(p * ds)): transposed, the backward's
+        # dS = P * (dP - sum(dP * P)) with dP = g V^T, one reduction.
+        dsc = as_dtype(ds, p.dtype)
+        dp = p * dsc - p * jnp.sum(p * dsc, axis=-1, keepdims=True)
+        parts.append(jnp.matmul(as_dtype(dp, v.dtype), v))
+    if _live(dv):
+        parts.append(jnp.matmul(pd, dv))
+    dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), y.dtype)
+    return y, as_dtype(jnp.broadcast_to(dy, y.shape), y.dtype)
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
+_attention.defjvp(_attention_jvp, symbolic_zeros=True)
 
 
 def attention(q, k, v, mask=None, *, scale=None, divide=False, transpose_k=False, axis=-1):

@@ -14,8 +14,9 @@ Matched forms:
   output used.
 
 Statistics are computed in float32 for narrower inputs (as the ops' stash_type 1
-and ONNX Runtime do). The backward rule reuses the saved mean and inverse
-standard deviation and gives dx, dscale and dbias in one pass.
+and ONNX Runtime do). The derivative rules are ``custom_jvp`` (forward mode
+works) whose transposes are the backward passes: two row sums for dx (one for
+RMS norm), the column sums of dscale and dbias.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
-from jaxort.graph.ops._common import at_least_float32
-from jaxort.graph.patterns._common import as_dtype, positive_axes, unbroadcast
+from jaxort.graph.ops._common import at_least_float32, fence
+from jaxort.graph.patterns._common import as_dtype, positive_axes
 from jaxort.graph.patterns._match import Match, is_op, register_pattern
 
 
@@ -65,31 +67,42 @@ def _ln_forward(x, scale, bias, axes, epsilon):
     return as_dtype(y, _out_dtype(x, scale, bias)), mean, inv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _live(t) -> bool:
+    return t is not None and not isinstance(t, SymbolicZero)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _layer_norm(x, scale, bias, axes, epsilon):
     return _ln_forward(x, scale, bias, axes, epsilon)[0]
 
 
-def _layer_norm_fwd(x, scale, bias, axes, epsilon):
+def _layer_norm_jvp(axes, epsilon, primals, tangents):
+    x, scale, bias = primals
+    dx, dscale, dbias = tangents
     y, mean, inv = _ln_forward(x, scale, bias, axes, epsilon)
-    return y, (x, scale, bias, mean, inv)
-
-
-def _layer_norm_bwd(axes, epsilon, res, g):
-    x, scale, bias, mean, inv = res
     cd = at_least_float32(x.dtype)
-    g = as_dtype(g, cd)
     xhat = (as_dtype(x, cd) - mean) * inv
-    gx = g if scale is None else g * as_dtype(scale, cd)
-    dx = inv * (gx - jnp.mean(gx, axis=axes, keepdims=True)
-                - xhat * jnp.mean(gx * xhat, axis=axes, keepdims=True))
-    dscale = None if scale is None else as_dtype(unbroadcast(g * xhat, np.shape(scale)),
-                                                 scale.dtype)
-    dbias = None if bias is None else as_dtype(unbroadcast(g, np.shape(bias)), bias.dtype)
-    return as_dtype(dx, x.dtype), dscale, dbias
+    parts = []
+    if _live(dx):
+        # scale * d xhat, d xhat = inv (dx - mean(dx) - xhat mean(dx xhat)); the
+        # row statistics times k on their right, so that the transpose takes
+        # the two row sums of g * k and g * k * xhat (the backward pass).
+        # Fenced: transposed, the input gradient is computed once, not copied
+        # by XLA into each of its consumers (a transformer step: 40 -> 60 ms).
+        dxc = fence(as_dtype(dx, cd), inv)
+        k = inv if scale is None else inv * as_dtype(scale, cd)
+        mdx = jnp.mean(dxc, axis=axes, keepdims=True)
+        mdxh = jnp.mean(dxc * xhat, axis=axes, keepdims=True)
+        parts += [k * dxc, -(mdx * k), -((mdxh * k) * xhat)]
+    if _live(dscale):
+        parts.append(as_dtype(dscale, cd) * xhat)
+    if _live(dbias):
+        parts.append(as_dtype(dbias, cd))
+    dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), cd)
+    return y, as_dtype(jnp.broadcast_to(dy, y.shape), y.dtype)
 
 
-_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+_layer_norm.defjvp(_layer_norm_jvp, symbolic_zeros=True)
 
 
 def layer_norm(x, scale=None, bias=None, *, axes=None, begin_axis=None, epsilon):
@@ -116,29 +129,31 @@ def _rms_forward(x, scale, axes, epsilon):
     return as_dtype(y, _out_dtype(x, scale)), inv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _rms_norm(x, scale, axes, epsilon):
     return _rms_forward(x, scale, axes, epsilon)[0]
 
 
-def _rms_norm_fwd(x, scale, axes, epsilon):
+def _rms_norm_jvp(axes, epsilon, primals, tangents):
+    x, scale = primals
+    dx, dscale = tangents
     y, inv = _rms_forward(x, scale, axes, epsilon)
-    return y, (x, scale, inv)
-
-
-def _rms_norm_bwd(axes, epsilon, res, g):
-    x, scale, inv = res
     cd = at_least_float32(x.dtype)
-    g = as_dtype(g, cd)
     xhat = as_dtype(x, cd) * inv
-    gx = g if scale is None else g * as_dtype(scale, cd)
-    dx = inv * (gx - xhat * jnp.mean(gx * xhat, axis=axes, keepdims=True))
-    dscale = None if scale is None else as_dtype(unbroadcast(g * xhat, np.shape(scale)),
-                                                 scale.dtype)
-    return as_dtype(dx, x.dtype), dscale
+    parts = []
+    if _live(dx):
+        # scale * inv (dx - xhat mean(dx xhat)): transposed, one row sum of g * k * xhat.
+        dxc = as_dtype(dx, cd)
+        k = inv if scale is None else inv * as_dtype(scale, cd)
+        mdxh = jnp.mean(dxc * xhat, axis=axes, keepdims=True)
+        parts += [k * dxc, -((mdxh * k) * xhat)]
+    if _live(dscale):
+        parts.append(as_dtype(dscale, cd) * xhat)
+    dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), cd)
+    return y, as_dtype(jnp.broadcast_to(dy, y.shape), y.dtype)
 
 
-_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+_rms_norm.defjvp(_rms_norm_jvp, symbolic_zeros=True)
 
 
 def rms_norm(x, scale=None, *, axes=None, begin_axis=None, epsilon):

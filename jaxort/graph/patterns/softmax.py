@@ -9,8 +9,9 @@ Matched forms:
   -> NegativeLogLikelihoodLoss, both without class weights (weighted losses
   run op by op).
 
-The backward rules reuse the softmax the forward computed: dx = y * (g - sum(g
-* y)) for softmax, g - softmax * sum(g) for log-softmax, and (softmax -
+The derivative rules are ``custom_jvp`` (forward mode works) whose transposes
+are the backward passes, from the softmax the forward computed: dx = y * (g -
+sum(g * y)) for softmax, g - softmax * sum(g) for log-softmax, and (softmax -
 onehot) * g for the loss. Narrower floats compute in float32 and are cast back.
 """
 
@@ -38,27 +39,24 @@ def _softmax_forward(x, axes, log):
     return d - jnp.log(s) if log else e / s
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
 def _softmax(x, axes, log):
     return as_dtype(_softmax_forward(x, axes, log), x.dtype)
 
 
-def _softmax_fwd(x, axes, log):
+def _softmax_jvp(axes, log, primals, tangents):
+    (x,), (dx,) = primals, tangents
     y = _softmax_forward(x, axes, log)
-    return as_dtype(y, x.dtype), (y, np.zeros((), x.dtype))
-
-
-def _softmax_bwd(axes, log, res, g):
-    y, like = res
-    g = as_dtype(g, y.dtype)
+    dxc = as_dtype(dx, y.dtype)
+    # Transposed: g - softmax * sum(g), and y * (g - sum(g * y)): one reduction each.
     if log:
-        dx = g - jnp.exp(y) * jnp.sum(g, axis=axes, keepdims=True)
+        dy = dxc - jnp.sum(jnp.exp(y) * dxc, axis=axes, keepdims=True)
     else:
-        dx = y * (g - jnp.sum(g * y, axis=axes, keepdims=True))
-    return (as_dtype(dx, like.dtype),)
+        dy = y * dxc - y * jnp.sum(y * dxc, axis=axes, keepdims=True)
+    return as_dtype(y, x.dtype), as_dtype(dy, x.dtype)
 
 
-_softmax.defvjp(_softmax_fwd, _softmax_bwd)
+_softmax.defjvp(_softmax_jvp)
 
 
 def softmax(x, *, axes, log=False, coerce=False):
@@ -157,47 +155,34 @@ def _sce_forward(x, labels, reduction, ignore_index):
     return loss, log_prob, (safe, keep, denom)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
 def _sce(x, labels, reduction, ignore_index, with_log_prob):
     loss, log_prob, _ = _sce_forward(x, labels, reduction, ignore_index)
     loss = as_dtype(loss, x.dtype)
     return (loss, as_dtype(log_prob, x.dtype)) if with_log_prob else loss
 
 
-def _sce_fwd(x, labels, reduction, ignore_index, with_log_prob):
+def _sce_jvp(reduction, ignore_index, with_log_prob, primals, tangents):
+    x, labels = primals
+    dx, _ = tangents  # the labels are integers
     loss, log_prob, (safe, keep, denom) = _sce_forward(x, labels, reduction, ignore_index)
-    out = as_dtype(loss, x.dtype)
+    dxc = as_dtype(dx, log_prob.dtype)
+    # The log-softmax tangent at the labels. Transposed: (softmax - onehot) * g,
+    # the onehot part a scatter of -g at the labels, one reduction over the classes.
+    dlp = dxc - jnp.sum(jnp.exp(log_prob) * dxc, axis=1, keepdims=True)
+    dpicked = jnp.squeeze(jnp.take_along_axis(dlp, jnp.expand_dims(safe, 1), axis=1), 1)
+    dloss = -dpicked * keep
+    if reduction != "none":
+        dloss = jnp.sum(dloss)
+        if reduction == "mean":
+            dloss = dloss / denom
+    out, dout = as_dtype(loss, x.dtype), as_dtype(dloss, x.dtype)
     if with_log_prob:
-        out = (out, as_dtype(log_prob, x.dtype))
-    # The log-probabilities are saved; their exp fuses into the backward's one pass.
-    return out, (log_prob, safe, keep, denom, np.zeros((), x.dtype), labels)
+        return (out, as_dtype(log_prob, x.dtype)), (dout, as_dtype(dlp, x.dtype))
+    return out, dout
 
 
-def _sce_bwd(reduction, ignore_index, with_log_prob, res, g):
-    log_prob, safe, keep, denom, like, labels = res
-    prob = jnp.exp(log_prob)
-    g_loss, g_lp = g if with_log_prob else (g, None)
-    g_loss = as_dtype(g_loss, prob.dtype)
-    if reduction == "none":
-        coef = g_loss * keep
-    elif reduction == "sum":
-        coef = g_loss * keep
-    else:
-        coef = (g_loss / denom) * keep
-    # (prob - onehot) * coef, with the onehot part as a scatter of -coef at the
-    # labels: cheaper than building the [N, C, ...] one-hot tensor.
-    coef_b = jnp.expand_dims(coef, 1)
-    picked = jnp.take_along_axis(prob * coef_b, jnp.expand_dims(safe, 1), axis=1)
-    dx = prob * coef_b
-    dx = jnp.put_along_axis(dx, jnp.expand_dims(safe, 1), picked - jnp.expand_dims(coef, 1),
-                            axis=1, inplace=False)
-    if g_lp is not None:
-        g_lp = as_dtype(g_lp, prob.dtype)
-        dx = dx + g_lp - prob * jnp.sum(g_lp, axis=1, keepdims=True)
-    return as_dtype(dx, like.dtype), np.zeros(np.shape(labels), jax.dtypes.float0)
-
-
-_sce.defvjp(_sce_fwd, _sce_bwd)
+_sce.defjvp(_sce_jvp)
 
 
 def softmax_cross_entropy(scores, labels, *, reduction, ignore_index=None, log_prob=False,

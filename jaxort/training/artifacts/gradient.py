@@ -14,7 +14,7 @@ Why per node, in standard ops, and not JAX's own backward pass converted to
 ONNX (a jaxpr -> ONNX export): a jaxpr of ``jax.grad`` works on XLA's
 primitives, and several that backward passes produce have no ONNX op
 (``select_and_scatter_add`` of max pooling, general ``gather``/``scatter``
-dimension numbers, ``custom_vjp`` calls of the fused patterns), and it
+dimension numbers, the custom derivative calls of the fused patterns), and it
 recomputes the forward pass. A rule per ONNX op stays at the level of the
 model, reuses the forward values the graph already has, and names the op it
 cannot differentiate.

@@ -161,6 +161,51 @@ def check_finite_differences(model, inputs, patterns, *, seed=0, directions=3, h
             analytic = sum(float(jnp.sum(grads[0][k] * dp[k])) for k in params)
             analytic += sum(float(jnp.sum(g * dx[i])) for g, i in zip(grads[1], wrt))
             assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(analytic)), (numeric, analytic)
+            # Forward mode gives the same directional derivative, and forward over
+            # reverse (a Hessian-vector product) the op-by-op graph's.
+            forward = float(_directional(graph, fn, params, inputs, dp, dx))
+            assert abs(forward - analytic) <= 1e-9 * max(1.0, abs(analytic)), (forward, analytic)
+            hvp = _hvp(graph, weights, params, inputs, dp, dx)
+            plain = JaxGraph(model, check=False, fuse=False)
+            want = _hvp(plain, weights, params, inputs, dp, dx)
+            for a, b in zip(jax.tree.leaves(hvp), jax.tree.leaves(want)):
+                _close(a, b, 1e-8, "Hessian-vector product")
+
+
+def _directional(graph, fn, params, inputs, dp, dx):
+    """d/dt fn(params + t dp, inputs + t dx) at 0, by forward mode."""
+    def of(params, *xs):
+        return fn(params, *xs)
+    tangents = [jnp.asarray(dx[i]) if i in dx else jnp.zeros_like(x) for i, x in enumerate(inputs)]
+    float_in = [i for i, x in enumerate(inputs) if _float(x)]
+
+    def on_floats(params, floats):
+        full = list(inputs)
+        for i, v in zip(float_in, floats):
+            full[i] = v
+        return of(params, *full)
+
+    _, out = jax.jvp(on_floats, (params, tuple(inputs[i] for i in float_in)),
+                     ({k: jnp.asarray(v) for k, v in dp.items()}, tuple(tangents[i] for i in float_in)))
+    return out
+
+
+def _hvp(graph, weights, params, inputs, dp, dx):
+    """The Hessian of the weighted output sum times (dp, dx), forward over reverse."""
+    fn = _scalar_of(graph, weights)
+    float_in = [i for i, x in enumerate(inputs) if _float(x)]
+
+    def grad_of(params, floats):
+        def scalar(params, floats):
+            full = list(inputs)
+            for i, v in zip(float_in, floats):
+                full[i] = v
+            return fn(params, *full)
+        return jax.grad(scalar, argnums=(0, 1))(params, floats)
+
+    return jax.jvp(grad_of, (params, tuple(inputs[i] for i in float_in)),
+                   ({k: jnp.asarray(v) for k, v in dp.items()},
+                    tuple(jnp.asarray(dx[i]) for i in float_in)))[1]
 
 
 def rand(rng, shape, dtype=F32, scale=1.0):

@@ -131,27 +131,3 @@ def test_different_axes_are_not_fused():
     np.testing.assert_allclose(np.asarray(graph.apply(graph.params, xv.astype(F32))[0]), ref,
                                rtol=1e-5, atol=1e-5)
 
-
-def test_forward_mode_asks_for_fuse_false_and_works_unfused():
-    # Fused rules are reverse-mode (jax.custom_vjp): jax.jvp through one is
-    # refused with the way out, and the unfused graph's forward mode equals
-    # the fused graph's reverse mode (a Jacobian-vector product both ways).
-    import jax
-
-    from jaxort.errors import OpError
-
-    model, rng = _ln_model("op", (3, 8), (-1,), F32)
-    x = rand(rng, (3, 8), F32)
-    v = rand(rng, (3, 8), F32)
-    fused, unfused = JaxGraph(model, check=False), JaxGraph(model, check=False, fuse=False)
-    assert fused.fusions and not unfused.fusions
-
-    def f(graph):
-        return lambda x: graph.apply(graph.params, x)[0]
-
-    with pytest.raises(OpError, match=r"layer_norm_op.*forward-mode.*fuse=False"):
-        jax.jvp(f(fused), (x,), (v,))
-    _, jvp = jax.jvp(f(unfused), (x,), (v,))
-    jac = jax.jacrev(f(fused))(x)  # (3, 8, 3, 8)
-    np.testing.assert_allclose(np.asarray(jvp), np.einsum("ijkl,kl->ij", np.asarray(jac), v),
-                               rtol=1e-4, atol=1e-5)
