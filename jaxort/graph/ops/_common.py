@@ -264,6 +264,21 @@ def fence(x, key):
     return lax.cond((k == k) | (k != k), lambda v: v, lambda v: -v, x)
 
 
+def has_tangent(t) -> bool:
+    """Whether a ``custom_jvp`` rule's tangent (``symbolic_zeros=True``) is live.
+
+    Not None (an absent optional input) and not a ``SymbolicZero`` (a
+    constant input): the rule adds no term for it.
+    """
+    return t is not None and not isinstance(t, SymbolicZero)
+
+
+def sum_tangents(parts, shape, dtype):
+    """A rule's tangent terms summed, broadcast to ``shape`` and cast to ``dtype`` (zeros when none)."""
+    total = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), dtype)
+    return jnp.broadcast_to(total, shape).astype(dtype)
+
+
 def requantize(y, scale, zero_point, dtype):
     dtype = np.dtype(dtype)
     info = np.iinfo(dtype)
@@ -337,7 +352,7 @@ def _batch_norm_train_jvp(epsilon, primals, tangents):
     # each once.
     parts = []
     dmean = dvar = None
-    if not isinstance(dx, SymbolicZero):
+    if has_tangent(dx):
         dxc = dx.astype(cd)
         c = jnp.reshape(scale, shape).astype(cd) * inv
         mdx = jnp.mean(dxc, axis=axes, keepdims=True)
@@ -347,12 +362,11 @@ def _batch_norm_train_jvp(epsilon, primals, tangents):
         dmean = jnp.reshape(mdx, mean.shape)
         # var = mean(d * d), d = xhat / inv: d var = 2 mean(d * dx) = 2 mean(xhat * dx) / inv
         dvar = jnp.reshape(2.0 * mdxh / inv, var.shape)
-    if not isinstance(dscale, SymbolicZero):
+    if has_tangent(dscale):
         parts.append(jnp.reshape(dscale, shape).astype(cd) * xhat)
-    if not isinstance(db, SymbolicZero):
+    if has_tangent(db):
         parts.append(jnp.reshape(db, shape).astype(cd))
-    dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), cd)
-    dy = jnp.broadcast_to(dy, xhat.shape).astype(y.dtype)
+    dy = sum_tangents(parts, xhat.shape, y.dtype)
     return (y, mean, var), (dy, jnp.zeros_like(mean) if dmean is None else dmean,
                             jnp.zeros_like(var) if dvar is None else dvar)
 

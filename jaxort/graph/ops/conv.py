@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
 from jaxort.errors import OpError
 from jaxort.graph import register, static_ints
@@ -20,10 +19,12 @@ from jaxort.graph.ops._common import (
     channel_shape,
     fence,
     gather_hw,
+    has_tangent,
     on_cpu_else,
     per_axis,
     requantize,
     spatial_attrs,
+    sum_tangents,
     tap_slices,
 )
 
@@ -158,13 +159,12 @@ def _conv_planned_jvp(spec, plan, primals, tangents):
     dx, dw = tangents
     y = _conv_planned(x, w, spec, plan)
     parts = []
-    if not isinstance(dx, SymbolicZero):
+    if has_tangent(dx):
         # A fence on the tangent is, transposed, a fence on the input gradient.
         parts.append(_FORMS[plan.input_grad](fence(dx, w) if plan.fence_input_grad else dx, w, spec))
-    if not isinstance(dw, SymbolicZero):
+    if has_tangent(dw):
         parts.append(_FORMS[plan.filter_grad](x, dw, spec))
-    dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros_like(y)
-    return y, dy
+    return y, sum_tangents(parts, y.shape, y.dtype)
 
 
 _conv_planned.defjvp(_conv_planned_jvp, symbolic_zeros=True)

@@ -19,9 +19,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import SymbolicZero
 
-from jaxort.graph.ops._common import at_least_float32
+from jaxort.graph.ops._common import at_least_float32, has_tangent, sum_tangents
 from jaxort.graph.patterns._common import as_dtype
 from jaxort.graph.patterns._match import Match, is_op, register_pattern
 
@@ -44,10 +43,6 @@ def _probs(q, kt, mask, scale, divide):
     return jax.nn.softmax(as_dtype(s, at_least_float32(s.dtype)), axis=-1)
 
 
-def _live(t) -> bool:
-    return t is not None and not isinstance(t, SymbolicZero)
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
 def _attention(q, kt, v, mask, scale, divide):
     p = _probs(q, kt, mask, scale, divide)
@@ -62,12 +57,12 @@ def _attention_jvp(scale, divide, primals, tangents):
     y = jnp.matmul(pd, v)
     parts = []
     scores = []
-    if _live(dq):
+    if has_tangent(dq):
         scores.append(jnp.matmul(dq, kt))
-    if _live(dkt):
+    if has_tangent(dkt):
         scores.append(jnp.matmul(q, dkt))
     ds = _scaled(functools.reduce(jnp.add, scores), scale, divide) if scores else None
-    if _live(dmask):
+    if has_tangent(dmask):
         dm = as_dtype(dmask, p.dtype)
         ds = dm if ds is None else as_dtype(ds, p.dtype) + dm
     if ds is not None:
@@ -76,10 +71,9 @@ def _attention_jvp(scale, divide, primals, tangents):
         dsc = as_dtype(ds, p.dtype)
         dp = p * dsc - p * jnp.sum(p * dsc, axis=-1, keepdims=True)
         parts.append(jnp.matmul(as_dtype(dp, v.dtype), v))
-    if _live(dv):
+    if has_tangent(dv):
         parts.append(jnp.matmul(pd, dv))
-    dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), y.dtype)
-    return y, as_dtype(jnp.broadcast_to(dy, y.shape), y.dtype)
+    return y, sum_tangents(parts, y.shape, y.dtype)
 
 
 _attention.defjvp(_attention_jvp, symbolic_zeros=True)

@@ -25,9 +25,8 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import SymbolicZero
 
-from jaxort.graph.ops._common import at_least_float32
+from jaxort.graph.ops._common import at_least_float32, has_tangent, sum_tangents
 from jaxort.graph.patterns._common import as_dtype
 from jaxort.graph.patterns._match import Match, is_op, register_pattern
 
@@ -67,10 +66,9 @@ def _gelu_jvp(tanh, primals, tangents):
     cd = at_least_float32(dtype)
     h = _sum(a, b, cd)
     y, t = _gelu_forward(h, tanh)
-    parts = [as_dtype(d, cd) for d in (da, db) if d is not None and not isinstance(d, SymbolicZero)]
-    dh = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), cd)
+    dh = sum_tangents([as_dtype(d, cd) for d in (da, db) if has_tangent(d)], h.shape, cd)
     # The slope times the tangent: transposed, the cotangent times the slope, one loop.
-    return as_dtype(y, dtype), as_dtype(jnp.broadcast_to(_gelu_slope(h, t, tanh) * dh, h.shape), dtype)
+    return as_dtype(y, dtype), as_dtype(_gelu_slope(h, t, tanh) * dh, dtype)
 
 
 _gelu.defjvp(_gelu_jvp, symbolic_zeros=True)

@@ -27,9 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
-from jaxort.graph.ops._common import at_least_float32, fence, on_cpu_else
+from jaxort.graph.ops._common import at_least_float32, fence, has_tangent, on_cpu_else, sum_tangents
 from jaxort.graph.patterns._common import as_dtype, positive_axes
 from jaxort.graph.patterns._match import Match, is_op, register_pattern
 
@@ -67,10 +66,6 @@ def _ln_forward(x, scale, bias, axes, epsilon):
     return as_dtype(y, _out_dtype(x, scale, bias)), mean, inv
 
 
-def _live(t) -> bool:
-    return t is not None and not isinstance(t, SymbolicZero)
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _layer_norm(x, scale, bias, axes, epsilon):
     return _ln_forward(x, scale, bias, axes, epsilon)[0]
@@ -83,7 +78,7 @@ def _layer_norm_jvp(axes, epsilon, primals, tangents):
     cd = at_least_float32(x.dtype)
     xhat = (as_dtype(x, cd) - mean) * inv
     parts = []
-    if _live(dx):
+    if has_tangent(dx):
         # scale * d xhat, d xhat = inv (dx - mean(dx) - xhat mean(dx xhat)); the
         # row statistics times k on their right, so that the transpose takes
         # the two row sums of g * k and g * k * xhat (the backward pass).
@@ -96,12 +91,11 @@ def _layer_norm_jvp(axes, epsilon, primals, tangents):
         mdx = jnp.mean(dxc, axis=axes, keepdims=True)
         mdxh = jnp.mean(dxc * xhat, axis=axes, keepdims=True)
         parts += [k * dxc, -(mdx * k), -((mdxh * k) * xhat)]
-    if _live(dscale):
+    if has_tangent(dscale):
         parts.append(as_dtype(dscale, cd) * xhat)
-    if _live(dbias):
+    if has_tangent(dbias):
         parts.append(as_dtype(dbias, cd))
-    dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), cd)
-    return y, as_dtype(jnp.broadcast_to(dy, y.shape), y.dtype)
+    return y, sum_tangents(parts, y.shape, y.dtype)
 
 
 _layer_norm.defjvp(_layer_norm_jvp, symbolic_zeros=True)
@@ -143,16 +137,15 @@ def _rms_norm_jvp(axes, epsilon, primals, tangents):
     cd = at_least_float32(x.dtype)
     xhat = as_dtype(x, cd) * inv
     parts = []
-    if _live(dx):
+    if has_tangent(dx):
         # scale * inv (dx - xhat mean(dx xhat)): transposed, one row sum of g * k * xhat.
         dxc = as_dtype(dx, cd)
         k = inv if scale is None else inv * as_dtype(scale, cd)
         mdxh = jnp.mean(dxc * xhat, axis=axes, keepdims=True)
         parts += [k * dxc, -((mdxh * k) * xhat)]
-    if _live(dscale):
+    if has_tangent(dscale):
         parts.append(as_dtype(dscale, cd) * xhat)
-    dy = functools.reduce(jnp.add, parts) if parts else jnp.zeros((), cd)
-    return y, as_dtype(jnp.broadcast_to(dy, y.shape), y.dtype)
+    return y, sum_tangents(parts, y.shape, y.dtype)
 
 
 _rms_norm.defjvp(_rms_norm_jvp, symbolic_zeros=True)
