@@ -94,3 +94,76 @@ GRAD_CASES = [
 ]
 
 test_gradient_matches_finite_differences = nn_gradient_test(GRAD_CASES)
+
+
+# --------------------------------------------------------------------------- products of few columns
+
+
+def test_few_column_products_match_numpy_and_finite_differences():
+    """MatMul and Gemm with at most 16 columns take their own derivative rule (matmul._few_columns_product).
+
+    Values and gradients against numpy's formulas (a^T g for the weight,
+    g b^T for the input), and derivatives of order 2 in both modes against
+    finite differences, for a 3-D input, a Gemm with transB, and beside
+    them a 17-column product (the plain path).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.test_util import check_grads
+
+    from jaxort.graph.ops.matmul import gemm, matmul
+
+    rng = np.random.default_rng(0)
+    for cols in (1, 10, 16, 17):
+        a = rng.standard_normal((4, 64, 48)).astype(np.float32)
+        b = rng.standard_normal((48, cols)).astype(np.float32)
+        g = rng.standard_normal((4, 64, cols)).astype(np.float32)
+        y, vjp = jax.vjp(matmul, a, b)
+        da, db = vjp(jnp.asarray(g))
+        a64, b64, g64 = (v.astype(np.float64) for v in (a, b, g))
+        np.testing.assert_allclose(y, a64 @ b64, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(db, a64.reshape(-1, 48).T @ g64.reshape(-1, cols), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(da, g64 @ b64.T, rtol=1e-5, atol=1e-5)
+        w = rng.standard_normal((cols, 48)).astype(np.float32)
+        dw = jax.grad(lambda w: jnp.sum(gemm(a[0], w, None, alpha=0.5, beta=1.0, transA=0, transB=1) * g[0]))(w)
+        np.testing.assert_allclose(dw, 0.5 * g64[0].T @ a64[0], rtol=1e-4, atol=1e-4)
+
+    with jax.enable_x64(True):
+        a, b = rng.standard_normal((2, 5, 7)), rng.standard_normal((7, 3))
+        check_grads(lambda a, b: jnp.tanh(matmul(a, b)), (a, b), order=2, modes=("fwd", "rev"))
+        w = rng.standard_normal((3, 7))
+        check_grads(lambda a, w: jnp.tanh(gemm(a, w, None, alpha=0.5, beta=1.0, transA=0, transB=1)),
+                    (a[0], w), order=2, modes=("fwd", "rev"))
+
+
+def test_few_column_products_under_vmap_and_in_float16():
+    import jax
+    import jax.numpy as jnp
+
+    from jaxort.graph.ops.matmul import matmul
+
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((3, 8, 6)).astype(np.float32)
+    b = rng.standard_normal((6, 4)).astype(np.float32)
+    per_example = jax.vmap(jax.grad(lambda b, x: jnp.sum(matmul(x, b) ** 2)), in_axes=(None, 0))(b, xs)
+    for x, got in zip(xs, per_example):
+        np.testing.assert_allclose(got, 2 * x.T @ (x @ b), rtol=1e-5, atol=1e-5)
+    h = rng.standard_normal((8, 6)).astype(np.float16)
+    y, vjp = jax.vjp(matmul, h, b.astype(np.float16))
+    assert y.dtype == np.float16
+    (db,) = vjp(jnp.ones_like(y))[1:]
+    assert db.dtype == np.float16
+    np.testing.assert_allclose(db.astype(np.float32), h.astype(np.float32).T @ np.ones((8, 4), np.float32),
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_few_column_rule_is_taken_up_to_16_columns():
+    """The weight gradient of a product of <= 16 columns goes through the rule (its two barriers)."""
+    import jax
+
+    from jaxort.graph.ops.matmul import matmul
+
+    a = np.ones((32, 8), np.float32)
+    for cols, barriers in ((16, 2), (17, 0)):
+        jaxpr = jax.make_jaxpr(jax.grad(lambda b: matmul(a, b).sum()))(np.ones((8, cols), np.float32))
+        assert str(jaxpr).count("optimization_barrier") == barriers, cols
