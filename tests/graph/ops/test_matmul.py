@@ -129,9 +129,9 @@ def test_few_column_products_match_numpy_and_finite_differences():
         np.testing.assert_allclose(dw, 0.5 * g64[0].T @ a64[0], rtol=1e-4, atol=1e-4)
 
     with jax.enable_x64(True):
-        a, b = rng.standard_normal((2, 64, 64)) / 8, rng.standard_normal((64, 3)) / 8
+        a, b = rng.standard_normal((2, 5, 7)), rng.standard_normal((7, 3))
         check_grads(lambda a, b: jnp.tanh(matmul(a, b)), (a, b), order=2, modes=("fwd", "rev"))
-        w = rng.standard_normal((3, 64)) / 8
+        w = rng.standard_normal((3, 7))
         check_grads(lambda a, w: jnp.tanh(gemm(a, w, None, alpha=0.5, beta=1.0, transA=0, transB=1)),
                     (a[0], w), order=2, modes=("fwd", "rev"))
 
@@ -143,27 +143,27 @@ def test_few_column_products_under_vmap_and_in_float16():
     from jaxort.graph.ops.matmul import matmul
 
     rng = np.random.default_rng(1)
-    xs = rng.standard_normal((3, 64, 64)).astype(np.float32) / 8
-    b = rng.standard_normal((64, 4)).astype(np.float32) / 8
+    xs = rng.standard_normal((3, 8, 6)).astype(np.float32)
+    b = rng.standard_normal((6, 4)).astype(np.float32)
     per_example = jax.vmap(jax.grad(lambda b, x: jnp.sum(matmul(x, b) ** 2)), in_axes=(None, 0))(b, xs)
     for x, got in zip(xs, per_example):
-        np.testing.assert_allclose(got, 2 * x.T @ (x @ b), rtol=1e-4, atol=1e-4)
-    h = (rng.standard_normal((64, 64)) / 8).astype(np.float16)
+        np.testing.assert_allclose(got, 2 * x.T @ (x @ b), rtol=1e-5, atol=1e-5)
+    h = rng.standard_normal((8, 6)).astype(np.float16)
     y, vjp = jax.vjp(matmul, h, b.astype(np.float16))
     assert y.dtype == np.float16
     (db,) = vjp(jnp.ones_like(y))[1:]
     assert db.dtype == np.float16
-    np.testing.assert_allclose(db.astype(np.float32), h.astype(np.float32).T @ np.ones((64, 4), np.float32),
+    np.testing.assert_allclose(db.astype(np.float32), h.astype(np.float32).T @ np.ones((8, 4), np.float32),
                                rtol=1e-2, atol=1e-2)
 
 
 def test_few_column_rule_is_taken_up_to_16_columns():
-    """The weight gradient of a product of <= 16 columns and >= 64 rows and inner size takes the rule (its two barriers)."""
+    """The weight gradient of a product of <= 16 columns goes through the rule (its two barriers)."""
     import jax
 
     from jaxort.graph.ops.matmul import matmul
 
-    for rows, inner, cols, barriers in ((64, 64, 16, 2), (64, 64, 17, 0), (63, 64, 16, 0), (64, 63, 16, 0)):
-        a = np.ones((rows, inner), np.float32)
-        jaxpr = jax.make_jaxpr(jax.grad(lambda b: matmul(a, b).sum()))(np.ones((inner, cols), np.float32))
-        assert str(jaxpr).count("optimization_barrier") == barriers, (rows, inner, cols)
+    a = np.ones((32, 8), np.float32)
+    for cols, barriers in ((16, 2), (17, 0)):
+        jaxpr = jax.make_jaxpr(jax.grad(lambda b: matmul(a, b).sum()))(np.ones((8, cols), np.float32))
+        assert str(jaxpr).count("optimization_barrier") == barriers, cols
