@@ -28,13 +28,13 @@ def _few_columns_jvp(primals, tangents):
     JAX transposes ``a @ db`` into ``a^T g`` (contracting the rows), which
     XLA's CPU backend hands to Eigen, slow when the result has few columns:
     alone, W2's 2048 -> 10 head over 256 rows takes 0.71 ms on one core
-    (0.58 ms on two), and as ``(g^T a)^T`` with ``g^T`` materialized, a
-    product in the layout XLA's CPU library takes, 0.15 ms. In a train step
-    the gain is smaller (W1's step 6% at default threads, under 1% on one
-    core). The two barriers keep XLA from folding either transpose back
-    into the product (which undoes it). Transposed, the tangent below is
-    exactly that backward pass; forward mode computes the same tangent the
-    same way. Other backends keep ``a @ db``.
+    (0.58 ms on two). As ``(g^T a)^T`` with ``g^T`` materialized, a
+    product in the layout XLA's CPU backend sends to YNNPACK, it takes
+    0.15 ms. In a train step the gain is smaller (W1's step 6% at default
+    threads, under 1% on one core). The two barriers keep XLA from folding
+    either transpose back into the product (which undoes it). Transposed,
+    the tangent below is exactly that backward pass; forward mode computes
+    the same tangent the same way. Other backends keep ``a @ db``.
     """
     a, b = primals
     da, db = tangents
