@@ -214,6 +214,39 @@ def test_ignore_index_is_honoured_and_named_in_the_error():
         program.train_step(st, x, np.array([5, -100, 0]))
 
 
+@pytest.mark.parametrize("n", [1, 64, 65, 200])
+@pytest.mark.parametrize("bad", [5, -1, 2**40, -(2**40)])
+def test_a_bad_label_is_found_in_short_and_long_batches(n, bad):
+    # The valid-label check takes one path up to 64 labels and another above.
+    program, st, _ = _ignore_index_program(None)
+    x = np.linspace(0, 1, 4 * n, dtype=np.float32).reshape(n, 4)
+    labels = np.arange(n, dtype=np.int64) % 5
+    st, (loss,) = program.train_step(st, x, labels)
+    assert np.isfinite(loss)
+    for where in sorted({0, n // 2, n - 1}):
+        wrong = labels.copy()
+        wrong[where] = bad
+        with pytest.raises(errors.InputError, match=rf"1 class label\(s\) out of range, e.g. {bad} at index "
+                                                    rf"\[{where}\]"):
+            program.train_step(st, x, wrong)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint64"])
+def test_label_range_check_agrees_with_numpy(dtype):
+    from jaxort.training.program import _all_below
+    rng = np.random.default_rng(0)
+    info = np.iinfo(dtype)
+    for n in (1, 2, 63, 64, 65, 300):
+        for _ in range(20):
+            labels = rng.integers(max(info.min, -3), min(info.max, 12), size=n, endpoint=True).astype(dtype)
+            if rng.random() < 0.3:
+                labels[rng.integers(n)] = info.max if rng.random() < 0.5 else info.min
+            for view in (labels, labels[::2], labels.reshape(-1, 1)[:, 0]):
+                for count in (1, 10, 13):
+                    expected = bool(((view.astype(np.int64) >= 0) & (view < count)).all()) if view.size else True
+                    assert _all_below(view, count) is expected, (dtype, n, count, view)
+
+
 # 12. No silent dtype conversion ------------------------------------------------------
 
 def test_mismatched_input_dtypes_are_refused_naming_the_given_dtype(batch):
