@@ -281,6 +281,10 @@ def test_the_large_cases_take_the_plans_they_test():
     one = conv_ops._cpu_plan(jnp.zeros((8, 8, 16, 16)), jnp.zeros((48, 8, 1, 1)),
                              _spec((8, 8, 16, 16), (48, 8, 1, 1), {}), None)
     assert one == conv_ops._Plan("columns", "columns", "columns")
+    # A depthwise convolution's input gradient reads the output's gradient once per tap: fenced.
+    depthwise = conv_ops._cpu_plan(jnp.zeros((8, 48, 16, 16)), jnp.zeros((48, 1, 3, 3)),
+                                   _spec((8, 48, 16, 16), (48, 1, 3, 3), dict(group=48, strides=[2, 2])), None)
+    assert depthwise == conv_ops._Plan("columns", "columns", "columns", fence_output_grad=True)
 
 
 @pytest.mark.parametrize("form", ["columns", "columns_last", "taps"])
@@ -300,8 +304,8 @@ def test_every_form_is_the_convolution_and_transposes_to_its_derivatives(form, x
         _assert_close_to(a, b)
 
 
-@pytest.mark.parametrize("xs,ws,attrs", LARGE_COLUMN_CASES[1:2] + LARGE_COLUMN_CASES[3:],
-                         ids=["large-fenced", "large-taps"])
+@pytest.mark.parametrize("xs,ws,attrs", LARGE_COLUMN_CASES[1:2] + LARGE_COLUMN_CASES[3:] + COLUMN_CASES[2:4],
+                         ids=["large-fenced", "large-taps", "depthwise", "grouped"])
 def test_fenced_plans_have_forward_mode_and_second_derivatives(xs, ws, attrs):
     # The fences are conditionals: jvp, grad of grad and vmap go through them (float64, small).
     with x64_enabled_scope():
@@ -309,11 +313,16 @@ def test_fenced_plans_have_forward_mode_and_second_derivatives(xs, ws, attrs):
         x = x[:2]  # the plan stays the float32 one's (fences included): picked once below
         spec = _spec(x.shape, ws, attrs)
         plan = conv_ops._cpu_plan(jnp.zeros(xs), jnp.zeros(ws), _spec(xs, ws, attrs), None)
-        assert plan.fence_input or plan.fence_output
+        assert plan.fence_input or plan.fence_output or plan.fence_output_grad
         f = lambda x, w: conv_ops._conv_planned(x, w, spec, plan)  # noqa: E731
         check_grads(f, (x, w), order=2, modes=["fwd", "rev"], eps=1e-5, atol=1e-6, rtol=1e-6)
         batched = jax.vmap(f, in_axes=(None, 0))(x, jnp.stack([w, 2 * w]))
         np.testing.assert_allclose(batched[1], 2 * np.asarray(conv_ops._xla_conv(x, w, spec)), rtol=1e-10, atol=1e-10)
+        if plan.fence_output_grad and not (plan.fence_input or plan.fence_output):
+            # The fence is in the input gradient's program only.
+            forward = jax.jit(f).lower(x, w).compile().as_text()
+            backward = jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w) ** 2))).lower(x, w).compile().as_text()
+            assert "conditional" not in forward and "conditional" in backward
 
 
 def test_a_fence_is_a_conditional_that_returns_its_input():
