@@ -226,8 +226,8 @@ def _cpu_plan(x, w, spec, preferred) -> _Plan | None:
       dilated) copy per tap, an elementwise loop into which XLA would fuse
       the gradient's producers (batch normalization's and the activation's
       derivatives) and compute them again for every tap (EfficientNet-B0
-      and MobileNetV3-small of the real-model corpus: train steps 15% and
-      20% faster on one core).
+      and MobileNetV3-small of the real-model corpus: train steps 11% and
+      14% shorter on one core).
 
     Tensors of at least _FENCE_ELEMENTS values that XLA would otherwise
     recompute in several fusions are fenced: the taps form's result, the
