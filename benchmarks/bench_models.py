@@ -23,10 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+from suite import _summary  # the suite's median (min-max) figure; both are scripts in this folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "models")
@@ -72,10 +73,6 @@ def _step_fn(lib, folder: str, pinned: bool):
     return step
 
 
-def _median_summary(values: list) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
 def run_model(name: str, threads: str, rounds: int, time_slice: float, warmup: int = 5) -> dict:
     """Steps/s of each system on model ``name``, in this process (pin it before importing jax)."""
     import numpy as np
@@ -112,10 +109,10 @@ def run_model(name: str, threads: str, rounds: int, time_slice: float, warmup: i
                 count += 1
             out["systems"][key]["rounds"].append(count / (time.perf_counter() - start))
     for figures in out["systems"].values():
-        figures["train_steps_per_s"] = _median_summary(figures["rounds"])
+        figures["train_steps_per_s"] = _summary(figures["rounds"])
     if "ort" in out["systems"]:
         pairs = zip(out["systems"]["api_ort"]["rounds"], out["systems"]["ort"]["rounds"])
-        out["api_ort/ort"] = _median_summary([a / o for a, o in pairs])
+        out["api_ort/ort"] = _summary([a / o for a, o in pairs])
     return out
 
 

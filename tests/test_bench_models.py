@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -14,9 +15,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_models", ROOT / "benchmarks" / "bench_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # The script imports its sibling suite.py, as it does when run from benchmarks/.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_models", ROOT / "benchmarks" / "bench_models.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
     return module
 
 
