@@ -55,19 +55,36 @@ def _few_columns_jvp(primals, tangents):
 _few_columns_product.defjvp(_few_columns_jvp, symbolic_zeros=True)
 
 
-def _product(a, b):
-    """``jnp.matmul(a, b)``; a float product with a 2-D ``b`` of few columns takes the rule above."""
-    if (b.ndim == 2 and a.ndim >= 2 and b.shape[1] <= _FEW_COLUMNS and a.dtype == b.dtype
-            and is_floating(a.dtype)):
-        rows = jnp.reshape(a, (int(np.prod(a.shape[:-1])), a.shape[-1]))
-        return jnp.reshape(_few_columns_product(rows, b), a.shape[:-1] + (b.shape[1],))
-    return jnp.matmul(a, b)
+def matrix_product(a, b):
+    """``jnp.matmul(a, b)``, a 2-D ``b`` applied to ``a``'s rows as one 2-D product.
+
+    A float product with a 2-D ``b`` of few columns takes the rule above.
+    Any other ``a`` of more than two axes times a 2-D ``b`` (a transformer's
+    projections: ``(batch, seq, d) @ (d, n)``) is reshaped to
+    ``(batch * seq, d)`` first: ``jnp.matmul`` of the 3-D ``a`` contracts one
+    axis, and JAX transposes it into a weight gradient contracting two
+    (batch and seq), which XLA's CPU backend turns into an Eigen product
+    with the cotangent transposed in memory first. Measured alone on one
+    core, W4's ``(16, 64, 128) @ (128, 512)``: the weight gradient 2.49 ms
+    from the 3-D product, 1.00 ms from the 2-D one (the same product,
+    contracting one axis of both operands in place).
+    """
+    if b.ndim != 2 or a.ndim < 2:
+        return jnp.matmul(a, b)
+    rows = jnp.reshape(a, (int(np.prod(a.shape[:-1])), a.shape[-1]))
+    if b.shape[1] <= _FEW_COLUMNS and a.dtype == b.dtype and is_floating(a.dtype):
+        y = _few_columns_product(rows, b)
+    elif a.ndim == 2:
+        return jnp.matmul(a, b)
+    else:
+        y = jnp.matmul(rows, b)
+    return jnp.reshape(y, a.shape[:-1] + (b.shape[1],))
 
 
 @register("MatMul", since=1)
 def matmul(a, b):
     """MatMul-1+ (numpy matmul semantics)."""
-    return _product(a, b)
+    return matrix_product(a, b)
 
 
 def _scale(y, alpha):
@@ -81,7 +98,7 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=None):
     """Gemm-1+ (C optional from 11; the old broadcast attribute is implied)."""
     a = a.T if transA else a
     b = b.T if transB else b
-    y = _scale(_product(a, b), alpha)
+    y = _scale(matrix_product(a, b), alpha)
     if c is not None and beta != 0.0:
         y = y + _scale(jnp.asarray(c), beta).astype(y.dtype)
     return y

@@ -25,7 +25,7 @@ from jaxort.errors import OpError
 from jaxort.graph import register
 from jaxort.graph.ops._common import at_least_float32, int_prod, normalize_axis
 from jaxort.graph.ops.conv import conv
-from jaxort.graph.ops.matmul import gemm
+from jaxort.graph.ops.matmul import gemm, matrix_product
 from jaxort.graph.patterns.gelu import gelu as fused_gelu
 
 MS = "com.microsoft"
@@ -89,8 +89,8 @@ def _fused_matmul(a, b, alpha, trans_a, trans_b, trans_batch_a, trans_batch_b):
         raise OpError(f"transBatchA/transBatchB need inputs of one rank >= 3, got shapes "
                       f"{list(a.shape)} and {list(b.shape)}")
     aw, bw = _wide(a, b)
-    y = jnp.matmul(_matmul_operand(aw, trans_a, trans_batch_a),
-                   _matmul_operand(bw, trans_b, trans_batch_b))
+    y = matrix_product(_matmul_operand(aw, trans_a, trans_batch_a),
+                       _matmul_operand(bw, trans_b, trans_batch_b))
     return (y * alpha if alpha != 1.0 else y).astype(a.dtype)
 
 
