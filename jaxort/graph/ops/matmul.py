@@ -71,13 +71,9 @@ def matrix_product(a, b):
     """
     if b.ndim != 2 or a.ndim < 2:
         return jnp.matmul(a, b)
-    rows = jnp.reshape(a, (int(np.prod(a.shape[:-1])), a.shape[-1]))
-    if b.shape[1] <= _FEW_COLUMNS and a.dtype == b.dtype and is_floating(a.dtype):
-        y = _few_columns_product(rows, b)
-    elif a.ndim == 2:
-        return jnp.matmul(a, b)
-    else:
-        y = jnp.matmul(rows, b)
+    rows = jnp.reshape(a, (int(np.prod(a.shape[:-1])), a.shape[-1]))  # a itself when 2-D
+    few = b.shape[1] <= _FEW_COLUMNS and a.dtype == b.dtype and is_floating(a.dtype)
+    y = _few_columns_product(rows, b) if few else jnp.matmul(rows, b)
     return jnp.reshape(y, a.shape[:-1] + (b.shape[1],))
 
 
