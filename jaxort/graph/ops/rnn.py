@@ -63,7 +63,14 @@ def prepare_sequences(x, initial_states, sequence_lens, layout, direction, hidde
 
 
 def _run_direction(step, x, states, mask, reverse):
-    """Scans ``step(carry, x_t) -> (carry, h_t)`` over time; masked steps keep the carry."""
+    """Scans ``step(carry, x_t) -> (carry, outputs_t)`` over time; masked steps keep the carry.
+
+    ``outputs_t`` is an array or a tuple of arrays, each stacked over time on
+    its own (with zeros at masked steps): a tuple rather than one
+    concatenation, so that JAX drops the outputs nobody reads from the scan
+    (ORT's LSTMTraining returns every gate, which only ORT's own gradient
+    ops read) and the backward pass carries no cotangents for them.
+    """
     seq = x.shape[0]
     ts = jnp.arange(seq, dtype=jnp.int32)
 
@@ -73,7 +80,7 @@ def _run_direction(step, x, states, mask, reverse):
         if mask is not None:
             m = mask[t][:, None]
             new = tuple(jnp.where(m, n, c) for n, c in zip(new, carry))
-            h = jnp.where(m, h, jnp.zeros((), h.dtype))
+            h = jax.tree_util.tree_map(lambda v: jnp.where(m, v, jnp.zeros((), v.dtype)), h)
         return new, h
 
     carry, ys = lax.scan(body, tuple(states), (x, ts), reverse=reverse)
@@ -150,11 +157,11 @@ def gru_scan(x, w, r, b, h0, mask, acts, *, clip, direction, hidden_size, linear
             else:
                 hh = g(_clip(xt[:, 2 * hs:] + (rt * h) @ rh.T + rb[2 * hs:], clip))
             h = (1 - z) * hh + z * h
-            return (h,), (jnp.concatenate([h, z, rt, hh], axis=-1) if with_gates else h)
+            return (h,), ((h, z, rt, hh) if with_gates else h)
 
         (h,), ys = _run_direction(step, xw, [h0[d]], mask, reverse)
-        h_all.append(ys[..., :hs])
-        gates_all.append(ys[..., hs:])
+        h_all.append(ys[0] if with_gates else ys)
+        gates_all.append(jnp.concatenate(ys[1:], axis=-1) if with_gates else None)
         h_last.append(h)
     gates = jnp.stack(gates_all, axis=1) if with_gates else None
     return jnp.stack(h_all, axis=1), jnp.stack(h_last), gates
@@ -205,12 +212,13 @@ def lstm_scan(x, w, r, b, p, h0, c0, mask, acts, *, clip, direction, hidden_size
             c = fg * c + i * cc
             o = f(_clip(go + pd[hs:2 * hs] * c, clip))
             h = o * hact(c)
-            return (h, c), (jnp.concatenate([h, c, i, o, fg, cc], axis=-1) if with_gates else h)
+            return (h, c), ((h, c, i, o, fg, cc) if with_gates else h)
 
         (h, c), ys = _run_direction(step, xw, [h0[d], c0[d]], mask, reverse)
-        h_all.append(ys[..., :hs])
-        c_all.append(ys[..., hs:2 * hs])
-        gates_all.append(ys[..., 2 * hs:])
+        h_all.append(ys[0] if with_gates else ys)
+        if with_gates:
+            c_all.append(ys[1])
+            gates_all.append(jnp.concatenate(ys[2:], axis=-1))
         h_last.append(h)
         c_last.append(c)
     if not with_gates:

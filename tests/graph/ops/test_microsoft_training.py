@@ -594,3 +594,40 @@ def test_dropout_training_gradient_is_mask_over_keep_probability():
     y = np.asarray(g.apply(g.params, x, training=True, rng=key)[0])
     grad = jax.grad(lambda v: jnp.sum(g.apply(g.params, v, training=True, rng=key)[0]))(x)
     np.testing.assert_allclose(np.asarray(grad), np.where(y != 0, 1 / 0.75, 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_unread_training_outputs_cost_no_memory(cell):
+    """LSTMTraining and GRUTraining return every gate, which only ORT's gradient ops read.
+
+    jaxort differentiates the forward itself, so a train step reads only the
+    hidden states: the compiled forward and gradient of such a loss must take
+    no more temporary memory with the gate outputs than without them (the
+    plain ONNX op), i.e. the unread outputs are dropped from the recurrence.
+    """
+    from jaxort.graph.ops import rnn
+
+    seq, batch, inp, hs = 16, 4, 8, 32
+    gates = 4 if cell == "LSTM" else 3
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((seq, batch, inp)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((1, gates * hs, inp)) * .1, jnp.float32)
+    r = jnp.asarray(rng.standard_normal((1, gates * hs, hs)) * .1, jnp.float32)
+    h0 = jnp.zeros((1, batch, hs), jnp.float32)
+    defaults = ["Sigmoid", "Tanh", "Tanh"] if cell == "LSTM" else ["Sigmoid", "Tanh"]
+    acts = rnn.activations_per_direction(None, None, None, defaults, 1)
+
+    def loss(w, with_gates):
+        if cell == "LSTM":
+            y = rnn.lstm_scan(x, w, r, None, None, h0, h0, None, acts, clip=None, direction="forward",
+                              hidden_size=hs, input_forget=0, with_gates=with_gates)[0]
+        else:
+            y = rnn.gru_scan(x, w, r, None, h0, None, acts, clip=None, direction="forward",
+                             hidden_size=hs, linear_before_reset=1, with_gates=with_gates)[0]
+        return jnp.sum(y * y)
+
+    for fn in (loss, jax.grad(loss)):
+        plain, training = (jax.jit(fn, static_argnums=1).lower(w, g).compile().memory_analysis()
+                           for g in (False, True))
+        assert training.temp_size_in_bytes <= plain.temp_size_in_bytes
+    np.testing.assert_allclose(jax.grad(loss)(w, True), jax.grad(loss)(w, False), rtol=1e-6, atol=1e-7)
