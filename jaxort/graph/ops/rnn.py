@@ -95,6 +95,11 @@ def _layout(layout, y, *finals):
     return (y, *finals)
 
 
+def _peephole(gate, p, k, hs, c):
+    """``gate + p[k * hs:(k + 1) * hs] * c``: LSTM's peephole term, none when ``p`` is absent."""
+    return gate if p is None else gate + p[k * hs:(k + 1) * hs] * c
+
+
 def _clip(v, clip):
     return v if clip is None else jnp.clip(v, -clip, clip)
 
@@ -196,21 +201,21 @@ def lstm_scan(x, w, r, b, p, h0, c0, mask, acts, *, clip, direction, hidden_size
         bias = 0 if b is None else b[d, :4 * hs] + b[d, 4 * hs:]
         xw = jnp.matmul(x, w[d].T) + bias
         rd = r[d]
-        pd = jnp.zeros((3 * hs,), x.dtype) if p is None else p[d]
+        pd = None if p is None else p[d]
         f, g, hact = acts[d]
 
         def step(carry, xt, rd=rd, pd=pd, f=f, g=g, hact=hact):
             h, c = carry
             gates = xt + h @ rd.T
             gi, go, gf, gc = (gates[:, k * hs:(k + 1) * hs] for k in range(4))
-            i = f(_clip(gi + pd[:hs] * c, clip))
+            i = f(_clip(_peephole(gi, pd, 0, hs, c), clip))
             if input_forget:
                 fg = 1 - i
             else:
-                fg = f(_clip(gf + pd[2 * hs:] * c, clip))
+                fg = f(_clip(_peephole(gf, pd, 2, hs, c), clip))
             cc = g(_clip(gc, clip))
             c = fg * c + i * cc
-            o = f(_clip(go + pd[hs:2 * hs] * c, clip))
+            o = f(_clip(_peephole(go, pd, 1, hs, c), clip))
             h = o * hact(c)
             return (h, c), ((h, c, i, o, fg, cc) if with_gates else h)
 
