@@ -154,13 +154,19 @@ def gru_scan(x, w, r, b, h0, mask, acts, *, clip, direction, hidden_size, linear
 
         def step(carry, xt, rd=rd, rb=rb, f=f, g=g):
             (h,) = carry
-            rz, rr, rh = rd[:hs], rd[hs:2 * hs], rd[2 * hs:]
-            z = f(_clip(xt[:, :hs] + h @ rz.T + rb[:hs], clip))
-            rt = f(_clip(xt[:, hs:2 * hs] + h @ rr.T + rb[hs:2 * hs], clip))
+            xz, xr, xh = jnp.split(xt, 3, axis=-1)
+            # One product for h's projections: all three with linear_before_reset,
+            # else z's and r's (the candidate's reads r * h).
             if linear_before_reset:
-                hh = g(_clip(xt[:, 2 * hs:] + rt * (h @ rh.T + rb[2 * hs:]), clip))
+                hz, hr, hh = jnp.split(h @ rd.T, 3, axis=-1)
             else:
-                hh = g(_clip(xt[:, 2 * hs:] + (rt * h) @ rh.T + rb[2 * hs:], clip))
+                hz, hr = jnp.split(h @ rd[:2 * hs].T, 2, axis=-1)
+            z = f(_clip(xz + hz + rb[:hs], clip))
+            rt = f(_clip(xr + hr + rb[hs:2 * hs], clip))
+            if linear_before_reset:
+                hh = g(_clip(xh + rt * (hh + rb[2 * hs:]), clip))
+            else:
+                hh = g(_clip(xh + (rt * h) @ rd[2 * hs:].T + rb[2 * hs:], clip))
             h = (1 - z) * hh + z * h
             return (h,), ((h, z, rt, hh) if with_gates else h)
 
@@ -207,7 +213,7 @@ def lstm_scan(x, w, r, b, p, h0, c0, mask, acts, *, clip, direction, hidden_size
         def step(carry, xt, rd=rd, pd=pd, f=f, g=g, hact=hact):
             h, c = carry
             gates = xt + h @ rd.T
-            gi, go, gf, gc = (gates[:, k * hs:(k + 1) * hs] for k in range(4))
+            gi, go, gf, gc = jnp.split(gates, 4, axis=-1)
             i = f(_clip(_peephole(gi, pd, 0, hs, c), clip))
             if input_forget:
                 fg = 1 - i
