@@ -1,4 +1,7 @@
-"""The benchmark suite: W1-W7 on every system that imports, at default threads and pinned to one core.
+"""The benchmark suite: W1-W9 on every system that imports, at default threads and pinned to one core.
+
+W1-W7 are the quick mode's; W8 and W9 (an LSTM and a GRU of working size) join
+them in ``--full`` (or ``--workloads W8,W9``).
 
 Systems (each one skipped when its library does not import or it does not apply):
 
@@ -9,9 +12,11 @@ Systems (each one skipped when its library does not import or it does not apply)
 - ``core_nofuse``: ``core`` with ``fuse=False`` (``--full`` only);
 - ``api_ort``: ``jaxort.api`` (Module + Optimizer + lazy_reset_grad) on ORT's artifacts;
 - ``api_own``: ``jaxort.api`` on the artifacts of ``jaxort.training.artifacts.generate_artifacts``;
-- ``hand_jax``: W1-W4 in jax.numpy + optax.adamw under one jit, state donated;
+- ``hand_jax``: W1-W4, W8, W9 in jax.numpy + optax.adamw under one jit, state donated
+  (the recurrences as ``lax.scan``);
 - ``ort``: ``onnxruntime.training.api`` (one intra-op thread when pinned);
-- ``torch``: W1-W4 in PyTorch eager with torch.optim.AdamW (one thread when pinned).
+- ``torch``: W1-W4, W8, W9 in PyTorch eager with torch.optim.AdamW (one thread when pinned;
+  the recurrences as ``nn.LSTM``/``nn.GRU``).
 
 One train step is forward + backward + AdamW update + gradient reset, the loss
 brought to the host every step (ORT's and the facade's Module return numpy).
@@ -61,7 +66,7 @@ MODES = {
     "quick": dict(workloads=["W1", "W2", "W3", "W4", "W5", "W6", "W7"], threads=["default", "1"],
                   rounds=3, chunk=0.08, warmup=2, checkpoint_mb=64, soak_steps=3000, extra=[],
                   skip_pinned=["api_own"]),
-    "full": dict(workloads=["W1", "W2", "W3", "W4", "W5", "W6", "W7"], threads=["default", "1"],
+    "full": dict(workloads=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"], threads=["default", "1"],
                  rounds=7, chunk=0.4, warmup=5, checkpoint_mb=256, soak_steps=20000,
                  extra=["core_nofuse"], skip_pinned=[]),
 }

@@ -1,12 +1,15 @@
-"""The benchmark suite's workloads W1-W7: ONNX models, batches, and the hand-written references.
+"""The benchmark suite's workloads W1-W9: ONNX models, batches, and the hand-written references.
 
 W1-W5 are written with ``onnx.helper`` (the shapes of issue 10); W6 is the
 real-model corpus' ResNet-18 (tests/fixtures/models/resnet18: torchvision's
 BasicBlock [2, 2, 2, 2] with stage widths 3-6-12-24, 3x32x32, batch 8) and W7
 the BERT-tiny exported by ``benchmarks/make_w7.py`` (benchmarks/models/w7_bert).
-For W1-W4 there is the same network in jax.numpy (for hand-written JAX +
-optax) and in torch.nn.functional (for PyTorch eager), both on the ONNX
-model's initial weights. This module imports numpy and onnx only; the JAX and
+W8 and W9 are an LSTM and a GRU of working size, written with ``onnx.helper``
+as torch exports them (ORT rewrites them into LSTMTraining and GRUTraining).
+For W1-W4, W8 and W9 there is the same network in jax.numpy (for hand-written
+JAX + optax) and in torch (for PyTorch eager), both on the ONNX model's
+initial weights (tests/test_bench_workloads.py checks them against ONNX's
+reference evaluator). This module imports numpy and onnx only; the JAX and
 torch references import their library when called.
 """
 
@@ -21,7 +24,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NAMES = ("W1", "W2", "W3", "W4", "W5", "W6", "W7")
+NAMES = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
 DESCRIPTIONS = {
     "W1": "MLP 784-500-10, batch 64",
     "W2": "MLP 1024-2048-2048-10, batch 256",
@@ -30,6 +33,8 @@ DESCRIPTIONS = {
     "W5": "tiny MLP 20-16-5, batch 8",
     "W6": "ResNet-18 (widths 3-6-12-24) 3x32x32, batch 8",
     "W7": "BERT-tiny 2 layers hidden 64 seq 16, batch 4",
+    "W8": "LSTM 64->128 seq 32 + linear head on the last step, batch 16",
+    "W9": "GRU 64->128 seq 32 + linear head on the last step, batch 16",
 }
 N_BATCHES = 4
 
@@ -154,13 +159,42 @@ def _transformer(rng, batch, seq, d, heads, blocks, classes):
     return b.model("input", [batch, seq, d], b.dense(y, "head", d, classes), [batch * seq, classes])
 
 
+RECURRENT = dict(batch=16, seq=32, d=64, hidden=128, classes=10)
+
+
+def _recurrent(rng, cell, batch, seq, d, hidden, classes):
+    """An LSTM or GRU over a batch-first sequence, a linear head on its last step, as torch exports them.
+
+    ONNX's gate order (LSTM i, o, f, c; GRU z, r, h), one direction, the
+    GRU with ``linear_before_reset=1`` (torch's GRU); weights uniform in
+    +-1/sqrt(hidden), as torch initializes them.
+    """
+    b = _Builder(rng)
+    gates = 4 if cell == "LSTM" else 3
+    bound = 1 / np.sqrt(hidden)
+
+    def uniform(*shape):
+        return rng.uniform(-bound, bound, shape)
+
+    w = b.init("rnn.W", uniform(1, gates * hidden, d))
+    r = b.init("rnn.R", uniform(1, gates * hidden, hidden))
+    bias = b.init("rnn.B", uniform(1, 2 * gates * hidden))
+    attrs = {"linear_before_reset": 1} if cell == "GRU" else {}
+    # Zero initial states given, no sequence lengths: torch's export (ORT's LSTM gradient needs them).
+    states = [b.const(np.zeros((1, batch, hidden)))] * (2 if cell == "LSTM" else 1)
+    y = b.op(cell, b.op("Transpose", "input", perm=[1, 0, 2]), w, r, bias, "", *states, hidden_size=hidden,
+             **attrs)
+    last = b.op("Squeeze", b.op("Gather", y, b.const(seq - 1, np.int64), axis=0), b.const([0], np.int64))
+    return b.model("input", [batch, seq, d], b.dense(last, "head", hidden, classes), [batch, classes])
+
+
 def _float_batches(rng, shape, classes, n_labels):
     return [(rng.standard_normal(shape).astype(np.float32),
              rng.integers(0, classes, n_labels).astype(np.int64)) for _ in range(N_BATCHES)]
 
 
 def build(name: str) -> Workload:
-    """The workload ``name`` (W1-W7), with fixed weights and N_BATCHES batches."""
+    """The workload ``name`` (W1-W9), with fixed weights and N_BATCHES batches."""
     rng = np.random.default_rng(int(name[1:]))
     desc = DESCRIPTIONS[name]
     if name in ("W1", "W2", "W5"):
@@ -196,13 +230,20 @@ def build(name: str) -> Workload:
                     rng.integers(0, case["classes"], shape[0]).astype(np.int64)) for _ in range(N_BATCHES)]
         return Workload(name, desc, onnx.load(str(folder / "model.onnx")), case["requires_grad"],
                         case["frozen_params"], batches)
+    if name in ("W8", "W9"):
+        cfg = RECURRENT
+        cell = "LSTM" if name == "W8" else "GRU"
+        model = _recurrent(rng, cell, **cfg)
+        return Workload(name, desc, model, [t.name for t in model.graph.initializer], [],
+                        _float_batches(rng, (cfg["batch"], cfg["seq"], cfg["d"]), cfg["classes"],
+                                       cfg["batch"]), cell.lower(), dict(cfg))
     raise KeyError(name)
 
 
 # The hand-written references: logits of W1-W4 from the ONNX initializers' names.
 
 def jax_logits(w: Workload):
-    """A function (params, x) -> logits in jax.numpy, or None for W6/W7."""
+    """A function (params, x) -> logits in jax.numpy, or None for W6/W7 (exported models)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -256,11 +297,39 @@ def jax_logits(w: Workload):
                 x = x + dense(p, jax.nn.gelu(h, approximate=False), f"blocks.{i}.fc2")
             return dense(p, ln(p, x, "ln_f").reshape(bs * seq, d), "head")
         return transformer
+    if w.kind in ("lstm", "gru"):
+        hs, lstm = w.config["hidden"], w.kind == "lstm"
+        gates = 4 if lstm else 3
+
+        def recurrent(p, x):
+            wx, r, b = p["rnn.W"][0], p["rnn.R"][0], p["rnn.B"][0]
+            xw = jnp.swapaxes(x @ wx.T + b[:gates * hs], 0, 1)  # (seq, batch, gates * hidden)
+            h0 = jnp.zeros((x.shape[0], hs), x.dtype)
+
+            def lstm_step(carry, xt):
+                h, c = carry
+                i, o, f, g = jnp.split(xt + h @ r.T + b[gates * hs:], 4, axis=-1)
+                c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+                return (jax.nn.sigmoid(o) * jnp.tanh(c), c), None
+
+            def gru_step(h, xt):
+                hr = h @ r.T + b[gates * hs:]
+                z = jax.nn.sigmoid(xt[:, :hs] + hr[:, :hs])
+                rt = jax.nn.sigmoid(xt[:, hs:2 * hs] + hr[:, hs:2 * hs])
+                n = jnp.tanh(xt[:, 2 * hs:] + rt * hr[:, 2 * hs:])
+                return (1 - z) * n + z * h, None
+
+            if lstm:
+                (h, _), _ = lax.scan(lstm_step, (h0, h0), xw)
+            else:
+                h, _ = lax.scan(gru_step, h0, xw)
+            return dense(p, h, "head")
+        return recurrent
     return None
 
 
 def torch_logits(w: Workload):
-    """A function (params, x) -> logits in torch.nn.functional, or None for W6/W7."""
+    """A function (params, x) -> logits in torch, or None for W6/W7 (exported models)."""
     import torch
     import torch.nn.functional as F
 
@@ -303,4 +372,21 @@ def torch_logits(w: Workload):
             y = F.layer_norm(x, (d,), p["ln_f.weight"], p["ln_f.bias"], 1e-5).reshape(bs * seq, d)
             return dense(p, y, "head")
         return transformer
+    if w.kind in ("lstm", "gru"):
+        hs, lstm = w.config["hidden"], w.kind == "lstm"
+        gates = 4 if lstm else 3
+        module = (torch.nn.LSTM if lstm else torch.nn.GRU)(w.config["d"], hs, batch_first=True)
+        # ONNX's gate blocks (LSTM i, o, f, c; GRU z, r, h) in torch's order (i, f, c, o; r, z, h)
+        order = [0, 2, 3, 1] if lstm else [1, 0, 2]
+
+        def blocks(t):
+            return torch.cat([t[k * hs:(k + 1) * hs] for k in order])
+
+        def recurrent(p, x):
+            b = p["rnn.B"][0]
+            weights = {"weight_ih_l0": blocks(p["rnn.W"][0]), "weight_hh_l0": blocks(p["rnn.R"][0]),
+                       "bias_ih_l0": blocks(b[:gates * hs]), "bias_hh_l0": blocks(b[gates * hs:])}
+            y, _ = torch.func.functional_call(module, weights, (x,))
+            return dense(p, y[:, -1], "head")
+        return recurrent
     return None
