@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -62,29 +64,64 @@ def prepare_sequences(x, initial_states, sequence_lens, layout, direction, hidde
     return x, states, mask, num_dir
 
 
-def _run_direction(step, x, states, mask, reverse):
-    """Scans ``step(carry, x_t) -> (carry, outputs_t)`` over time; masked steps keep the carry.
+# Recurrences of at most this many steps run unrolled when they are not
+# differentiated (eval steps, inference): see _unrolled.
+_UNROLL_STEPS = 32
+
+
+def _run_direction(step, params, x, states, mask, reverse):
+    """Runs ``step(params, carry, x_t) -> (carry, outputs_t)`` over time; masked steps keep the carry.
 
     ``outputs_t`` is an array or a tuple of arrays, each stacked over time on
     its own (with zeros at masked steps): a tuple rather than one
     concatenation, so that JAX drops the outputs nobody reads from the scan
     (ORT's LSTMTraining returns every gate, which only ORT's own gradient
     ops read) and the backward pass carries no cotangents for them.
+    ``params`` holds the arrays ``step`` reads besides the carry and the
+    input (weights, biases), so that ``step`` closes over none.
     """
-    seq = x.shape[0]
-    ts = jnp.arange(seq, dtype=jnp.int32)
+    if 1 < x.shape[0] <= _UNROLL_STEPS:
+        return _unrolled(step, reverse, params, x, tuple(states), mask)
+    return _scan(step, reverse, 1, params, x, tuple(states), mask)
+
+
+def _scan(step, reverse, unroll, params, x, states, mask):
+    ts = jnp.arange(x.shape[0], dtype=jnp.int32)
 
     def body(carry, inp):
         xt, t = inp
-        new, h = step(carry, xt)
+        new, h = step(params, carry, xt)
         if mask is not None:
             m = mask[t][:, None]
             new = tuple(jnp.where(m, n, c) for n, c in zip(new, carry))
             h = jax.tree_util.tree_map(lambda v: jnp.where(m, v, jnp.zeros((), v.dtype)), h)
         return new, h
 
-    carry, ys = lax.scan(body, tuple(states), (x, ts), reverse=reverse)
-    return carry, ys
+    return lax.scan(body, states, (x, ts), reverse=reverse, unroll=unroll)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _unrolled(step, reverse, params, x, states, mask):
+    """:func:`_scan` fully unrolled, and differentiated as the rolled scan.
+
+    Unrolled, a short recurrence's forward pass runs much faster on CPU (no
+    loop, no per-step slicing of the inputs and outputs, fusion across
+    steps): an eval step of W8 (an LSTM 64 -> 128 over 32 steps, batch 16)
+    2.32 -> 1.48 ms, of W9 (the GRU) 2.30 -> 1.16 ms, one core; unrolling
+    by 4, 8 or 16 steps gains nothing or less. Its derivatives are another
+    matter: differentiated, the unrolled recurrence's backward pass is
+    several times slower (XLA fuses the per-step gradients of the stacked
+    outputs into large pad-and-add loops), so the derivative rule below
+    differentiates the rolled scan: training is unchanged. The cost is
+    compile time, which grows with the steps (W8's eval step 0.3 -> 1.8 s),
+    hence the bound _UNROLL_STEPS.
+    """
+    return _scan(step, reverse, True, params, x, states, mask)
+
+
+@_unrolled.defjvp
+def _unrolled_jvp(step, reverse, primals, tangents):
+    return jax.jvp(functools.partial(_scan, step, reverse, 1), primals, tangents)
 
 
 def _layout(layout, y, *finals):
@@ -124,12 +161,12 @@ def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha
         xw = jnp.matmul(x, w[d].T) + wb
         f = acts[d][0]
 
-        def step(carry, xt, d=d, f=f):
+        def step(rd, carry, xt, f=f):
             (h,) = carry
-            h = f(_clip(xt + h @ r[d].T, clip))
+            h = f(_clip(xt + h @ rd.T, clip))
             return (h,), h
 
-        carry, y = _run_direction(step, xw, [h0[d]], mask, reverse)
+        carry, y = _run_direction(step, r[d], xw, [h0[d]], mask, reverse)
         ys.append(y)
         finals.append(carry)
     return _layout(layout, jnp.stack(ys, axis=1), jnp.stack([f[0] for f in finals]))
@@ -152,7 +189,8 @@ def gru_scan(x, w, r, b, h0, mask, acts, *, clip, direction, hidden_size, linear
         rd = r[d]
         f, g = acts[d]
 
-        def step(carry, xt, rd=rd, rb=rb, f=f, g=g):
+        def step(params, carry, xt, f=f, g=g):
+            rd, rb = params
             (h,) = carry
             xz, xr, xh = jnp.split(xt, 3, axis=-1)
             # One product for h's projections: all three with linear_before_reset,
@@ -170,7 +208,7 @@ def gru_scan(x, w, r, b, h0, mask, acts, *, clip, direction, hidden_size, linear
             h = (1 - z) * hh + z * h
             return (h,), ((h, z, rt, hh) if with_gates else h)
 
-        (h,), ys = _run_direction(step, xw, [h0[d]], mask, reverse)
+        (h,), ys = _run_direction(step, (rd, rb), xw, [h0[d]], mask, reverse)
         h_all.append(ys[0] if with_gates else ys)
         gates_all.append(jnp.concatenate(ys[1:], axis=-1) if with_gates else None)
         h_last.append(h)
@@ -210,7 +248,8 @@ def lstm_scan(x, w, r, b, p, h0, c0, mask, acts, *, clip, direction, hidden_size
         pd = None if p is None else p[d]
         f, g, hact = acts[d]
 
-        def step(carry, xt, rd=rd, pd=pd, f=f, g=g, hact=hact):
+        def step(params, carry, xt, f=f, g=g, hact=hact):
+            rd, pd = params
             h, c = carry
             gates = xt + h @ rd.T
             gi, go, gf, gc = jnp.split(gates, 4, axis=-1)
@@ -225,7 +264,7 @@ def lstm_scan(x, w, r, b, p, h0, c0, mask, acts, *, clip, direction, hidden_size
             h = o * hact(c)
             return (h, c), ((h, c, i, o, fg, cc) if with_gates else h)
 
-        (h, c), ys = _run_direction(step, xw, [h0[d], c0[d]], mask, reverse)
+        (h, c), ys = _run_direction(step, (rd, pd), xw, [h0[d], c0[d]], mask, reverse)
         h_all.append(ys[0] if with_gates else ys)
         if with_gates:
             c_all.append(ys[1])

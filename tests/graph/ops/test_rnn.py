@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from jaxort.testing import run_jaxort
 
-from ._harness import Example, OLD_REFERENCE, OpCase, table_tests
+from ._harness import Example, OLD_REFERENCE, OpCase, check, table_tests
 from ._strategies import arr, floats, rand
 
 COVERED_OPS = {
@@ -95,3 +95,81 @@ def test_rnn_clip_bounds_the_activation_input():
     ex = Example((x, w, r), dict(hidden_size=1, clip=0.5), 22, n_out=2)
     y, _ = run_jaxort(ex.node("RNN"))
     np.testing.assert_allclose(y.reshape(-1), np.tanh([0.5]), rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- unrolled forward passes
+
+
+def _recurrent_inputs(op, seq, batch=2, inp=3, hid=4, nd=1):
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    x = rand(seq, batch, inp)
+    w, r = rand(nd, gates * hid, inp, seed=1) * .5, rand(nd, gates * hid, hid, seed=2) * .5
+    b = rand(nd, 2 * gates * hid, seed=3) * .3
+    return [v.astype(np.float32) for v in (x, w, r, b)]
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_short_recurrences_match_the_reference_unrolled(op):
+    """Up to _UNROLL_STEPS steps the forward pass is unrolled: same outputs as ONNX's reference."""
+    from jaxort.graph.ops import rnn
+
+    for seq in (2, 12, rnn._UNROLL_STEPS, rnn._UNROLL_STEPS + 1):
+        attrs = dict(hidden_size=4, direction="bidirectional" if not OLD_REFERENCE else "forward")
+        if op == "GRU":
+            attrs["linear_before_reset"] = 1
+        ex = Example(tuple(_recurrent_inputs(op, seq, nd=2 if not OLD_REFERENCE else 1)), attrs, 22,
+                     n_out=2)
+        check(ex.node(op), scale=10)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_short_recurrences_run_unrolled_and_differentiate_as_loops(op):
+    """Not differentiated, up to _UNROLL_STEPS steps compile without a loop; differentiated, as one
+    loop forward and one backward (the unrolled backward pass is the slow one)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxort.graph.ops import rnn
+
+    fn = {"RNN": rnn.rnn, "GRU": rnn.gru, "LSTM": rnn.lstm}[op]
+    extra = {"LSTM": dict(input_forget=0), "GRU": dict(linear_before_reset=1)}.get(op, {})
+
+    def loops(f, *args):
+        return jax.jit(f).lower(*args).as_text().count("stablehlo.while")
+
+    for seq, forward_loops in ((8, 0), (rnn._UNROLL_STEPS, 0), (rnn._UNROLL_STEPS + 1, 1)):
+        x, w, r, b = (jnp.asarray(v) for v in _recurrent_inputs(op, seq))
+
+        def loss(w):
+            y = fn(x, w, r, b, activation_alpha=None, activation_beta=None, activations=None,
+                   clip=None, direction="forward", hidden_size=4, **extra)[0]
+            return jnp.sum(y * y)
+
+        assert loops(loss, w) == forward_loops, seq
+        assert loops(jax.grad(loss), w) == 2, seq
+
+
+def test_unrolled_lstm_derivatives_of_every_order_match_finite_differences():
+    """The unrolled forward's derivative rule: forward and reverse, to second order (float64),
+    with sequence lengths; and vmap of the gradient over weights equals one gradient each."""
+    import jax
+    from jax.test_util import check_grads
+
+    from jaxort.graph import x64_enabled_scope
+    from jaxort.graph.ops import rnn
+
+    with x64_enabled_scope():
+        x, w, r, b = (np.asarray(v, np.float64) for v in _recurrent_inputs("LSTM", 5))
+        lens = np.array([3, 5], np.int32)
+
+        def loss(x, w, r):
+            y, h, c = rnn.lstm(x, w, r, b, lens, activation_alpha=None, activation_beta=None,
+                               activations=None, clip=None, direction="forward", hidden_size=4,
+                               input_forget=0)
+            return (y ** 2).sum() + (h * c).sum()
+
+        check_grads(loss, (x, w, r), order=2, modes=["fwd", "rev"], eps=1e-4, atol=1e-6, rtol=1e-5)
+        ws = np.stack([w, 1.5 * w])
+        batched = jax.vmap(jax.grad(loss, argnums=1), in_axes=(None, 0, None))(x, ws, r)
+        for k in range(2):
+            np.testing.assert_allclose(batched[k], jax.grad(loss, argnums=1)(x, ws[k], r), rtol=1e-12)
