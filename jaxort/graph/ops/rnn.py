@@ -107,13 +107,13 @@ def _unrolled(step, reverse, params, x, states, mask):
     Unrolled, a short recurrence's forward pass runs much faster on CPU (no
     loop, no per-step slicing of the inputs and outputs, fusion across
     steps): an eval step of W8 (an LSTM 64 -> 128 over 32 steps, batch 16)
-    2.32 -> 1.48 ms, of W9 (the GRU) 2.30 -> 1.16 ms, one core; unrolling
-    by 4, 8 or 16 steps gains nothing or less. Its derivatives are another
-    matter: differentiated, the unrolled recurrence's backward pass is
+    2.32 -> 1.50 ms, of W9 (the GRU) 2.34 -> 1.20 ms, one core; unrolling
+    by 4 or 8 steps gains nothing, by 16 a quarter. Its derivatives are
+    another matter: differentiated, the unrolled recurrence's backward pass is
     several times slower (XLA fuses the per-step gradients of the stacked
     outputs into large pad-and-add loops), so the derivative rule below
     differentiates the rolled scan: training is unchanged. The cost is
-    compile time, which grows with the steps (W8's eval step 0.3 -> 1.8 s),
+    compile time, which grows with the steps (W8's first eval step 0.3 -> 1.8 s),
     hence the bound _UNROLL_STEPS.
     """
     return _scan(step, reverse, True, params, x, states, mask)
