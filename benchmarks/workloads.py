@@ -240,7 +240,7 @@ def build(name: str) -> Workload:
     raise KeyError(name)
 
 
-# The hand-written references: logits of W1-W4 from the ONNX initializers' names.
+# The hand-written references: logits of W1-W4, W8 and W9 from the ONNX initializers' names.
 
 def jax_logits(w: Workload):
     """A function (params, x) -> logits in jax.numpy, or None for W6/W7 (exported models)."""

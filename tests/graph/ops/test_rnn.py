@@ -149,7 +149,7 @@ def test_short_recurrences_run_unrolled_and_differentiate_as_loops(op):
         assert loops(jax.grad(loss), w) == 2, seq
 
 
-def test_unrolled_lstm_derivatives_of_every_order_match_finite_differences():
+def test_unrolled_lstm_derivatives_to_second_order_match_finite_differences():
     """The unrolled forward's derivative rule: forward and reverse, to second order (float64),
     with sequence lengths; and vmap of the gradient over weights equals one gradient each."""
     import jax
