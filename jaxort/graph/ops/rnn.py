@@ -210,7 +210,8 @@ def gru_scan(x, w, r, b, h0, mask, acts, *, clip, direction, hidden_size, linear
 
         (h,), ys = _run_direction(step, (rd, rb), xw, [h0[d]], mask, reverse)
         h_all.append(ys[0] if with_gates else ys)
-        gates_all.append(jnp.concatenate(ys[1:], axis=-1) if with_gates else None)
+        if with_gates:
+            gates_all.append(jnp.concatenate(ys[1:], axis=-1))
         h_last.append(h)
     gates = jnp.stack(gates_all, axis=1) if with_gates else None
     return jnp.stack(h_all, axis=1), jnp.stack(h_last), gates

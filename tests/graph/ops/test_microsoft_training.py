@@ -608,11 +608,8 @@ def test_unread_training_outputs_cost_no_memory(cell):
     from jaxort.graph.ops import rnn
 
     seq, batch, inp, hs = 16, 4, 8, 32
-    gates = 4 if cell == "LSTM" else 3
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((seq, batch, inp)), jnp.float32)
-    w = jnp.asarray(rng.standard_normal((1, gates * hs, inp)) * .1, jnp.float32)
-    r = jnp.asarray(rng.standard_normal((1, gates * hs, hs)) * .1, jnp.float32)
+    ins = _rnn_weights(np.random.default_rng(0), seq, batch, inp, hs, 4 if cell == "LSTM" else 3)
+    x, w, r = (jnp.asarray(ins[k], jnp.float32) for k in ("x", "w", "r"))
     h0 = jnp.zeros((1, batch, hs), jnp.float32)
     defaults = ["Sigmoid", "Tanh", "Tanh"] if cell == "LSTM" else ["Sigmoid", "Tanh"]
     acts = rnn.activations_per_direction(None, None, None, defaults, 1)
