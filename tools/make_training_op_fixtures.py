@@ -397,6 +397,57 @@ def _cases() -> list:
         ("sparse_softmax_cross_entropy_none", "SparseSoftmaxCrossEntropy", "", 12,
          {"logits": f32(2, 3, 4), "label": np.array([[0, 3, 1], [1, 2, 0]], i64)},
          ["loss", "log_prob"], {"reduction": "none"}),
+        # The gradient ops jaxort's generate_artifacts writes where ORT's gradient builder does.
+        *_gradient_cases(f32),
+    ]
+
+
+def _gradient_cases(f32) -> list:
+    """Cases of ConvGrad, BatchNormalizationGrad, ReluGrad, SigmoidGrad, QuickGeluGrad, SoftmaxCrossEntropyLossGrad, Scale."""
+    i64 = np.int64
+
+    def conv(name, x, w, dy_shape, **attrs):
+        return (name, "ConvGrad", MS, 17, {"dy": f32(*dy_shape), "x": x, "w": w}, ["dx", "dw", "db"], attrs)
+
+    def log_softmax(x):
+        z = x - x.max(axis=1, keepdims=True)
+        return (z - np.log(np.exp(z).sum(axis=1, keepdims=True))).astype(np.float32)
+
+    x_bn = f32(4, 3, 5, 5, scale=2.0) + 0.5
+    mean = x_bn.mean(axis=(0, 2, 3))
+    inv_std = (1.0 / np.sqrt(x_bn.var(axis=(0, 2, 3)) + 1e-5)).astype(np.float32)
+    return [
+        conv("conv_grad", f32(2, 3, 8, 8), f32(4, 3, 3, 3), (2, 4, 4, 4), kernel_shape=[3, 3], strides=[2, 2],
+             pads=[1, 1, 1, 1], dilations=[1, 1], group=1),
+        conv("conv_grad_dilated_uneven_pads", f32(2, 3, 9, 9), f32(2, 3, 3, 3), (2, 2, 8, 4), kernel_shape=[3, 3],
+             strides=[1, 2], pads=[1, 0, 2, 1], dilations=[2, 1]),
+        conv("conv_grad_depthwise", f32(2, 4, 6, 6), f32(4, 1, 3, 3), (2, 4, 6, 6), kernel_shape=[3, 3],
+             pads=[1, 1, 1, 1], group=4),
+        conv("conv_grad_grouped", f32(1, 4, 5, 5), f32(6, 2, 3, 3), (1, 6, 3, 3), kernel_shape=[3, 3], group=2),
+        conv("conv_grad_1d", f32(2, 3, 10), f32(5, 3, 4), (2, 5, 7), kernel_shape=[4]),
+        ("batch_normalization_grad", "BatchNormalizationGrad", MS, 17,
+         {"dy": f32(4, 3, 5, 5), "x": x_bn, "scale": f32(3) + 1.0, "mean": mean.astype(np.float32),
+          "inv_std": inv_std}, ["dx", "dscale", "db"], {"epsilon": 1e-5}),
+        ("relu_grad", "ReluGrad", MS, 17, {"dy": f32(3, 7), "x": f32(3, 7)}, ["dx"], {}),
+        ("sigmoid_grad", "SigmoidGrad", MS, 17,
+         {"dy": f32(3, 7), "y": (1.0 / (1.0 + np.exp(-f32(3, 7, scale=3.0)))).astype(np.float32)}, ["dx"], {}),
+        ("quick_gelu_grad", "QuickGeluGrad", MS, 17, {"dy": f32(3, 7), "x": f32(3, 7, scale=3.0)}, ["dx"], {}),
+        ("quick_gelu_grad_alpha_1", "QuickGeluGrad", MS, 17, {"dy": f32(3, 7), "x": f32(3, 7, scale=3.0)}, ["dx"],
+         {"alpha": 1.0}),
+        ("sce_loss_grad", "SoftmaxCrossEntropyLossGrad", MS, 17,
+         {"dy": np.asarray(f32()), "log_prob": log_softmax(f32(6, 4)), "label": np.array([0, 2, 3, 2, 1, 0], i64)}, ["dx"], {}),
+        ("sce_loss_grad_weighted_ignore", "SoftmaxCrossEntropyLossGrad", MS, 17,
+         {"dy": np.asarray(f32()), "log_prob": log_softmax(f32(6, 4)), "label": np.array([0, 2, 3, 2, 1, 0], i64),
+          "weight": np.array([0.5, 1.0, 2.0, 1.5], np.float32)}, ["dx"], {"ignore_index": 2}),
+        ("sce_loss_grad_sum_3d", "SoftmaxCrossEntropyLossGrad", MS, 17,
+         {"dy": np.asarray(f32()), "log_prob": log_softmax(f32(2, 4, 3)), "label": np.array([[0, 3, 1], [2, 1, 1]], i64)},
+         ["dx"], {"reduction": "sum"}),
+        ("sce_loss_grad_none", "SoftmaxCrossEntropyLossGrad", MS, 17,
+         {"dy": f32(5), "log_prob": log_softmax(f32(5, 3)), "label": np.array([0, 2, 1, 1, 0], i64)},
+         ["dx"], {"reduction": "none"}),
+        ("scale", "Scale", MS, 17, {"x": f32(2, 5), "s": np.array([3.0], np.float32)}, ["y"], {}),
+        ("scale_down", "Scale", MS, 17, {"x": f32(2, 5), "s": np.array(49.0, np.float32)}, ["y"], {"scale_down": 1}),
+        ("scale_down_int64", "Scale", MS, 17, {"x": f32(2, 5), "s": np.array(12, i64)}, ["y"], {"scale_down": 1}),
     ]
 
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from jaxort.errors import OpError
 from jaxort.graph import register, static_ints
-from jaxort.graph.ops._common import at_least_float32
+from jaxort.graph.ops._common import at_least_float32, channel_shape
+from jaxort.graph.ops.conv import conv
 from jaxort.graph.ops.dropout import dropout
 from jaxort.graph.ops.layout import concat_values, split_values
 from jaxort.graph.ops.loss import negative_log_likelihood_loss, softmax_cross_entropy_loss
@@ -383,3 +384,88 @@ def sparse_softmax_cross_entropy(logits, label, weight=None, *, reduction="mean"
         denominator = jnp.sum(w)
     loss = _reduce_loss(per_sample, reduction, denominator)
     return loss.astype(dtype), log_prob.astype(dtype)
+
+
+# ---- the gradient ops of ORT's gradient builder that generate_artifacts also writes ----
+#
+# jaxort differentiates forward graphs with jax.grad and never needs these to train; it
+# writes them into the training models it makes for ONNX Runtime (where ORT's gradient
+# builder writes them, so that ORT computes bit for bit what it computes on its own
+# artifacts), and runs them so those graphs can be checked anywhere.
+
+
+@register("ConvGrad", since=1, domain=MS)
+def conv_grad(dy, x, w, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+              strides=None):
+    """com.microsoft::ConvGrad-1: (dY, X, W) -> dX, dW, dB of a Conv with these attributes."""
+    attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads,
+                 strides=strides)
+    y, vjp = jax.vjp(lambda x, w: conv(x, w, **attrs), x, w)
+    if tuple(y.shape) != tuple(dy.shape):
+        raise OpError(f"dY has shape {list(dy.shape)}, the Conv's output {list(y.shape)}")
+    dx, dw = vjp(dy.astype(y.dtype))
+    return dx, dw, jnp.sum(dy, axis=(0,) + tuple(range(2, dy.ndim)))
+
+
+@register("BatchNormalizationGrad", since=1, domain=MS)
+def batch_normalization_grad(dy, x, scale, mean, inv_std, *, epsilon=1e-5):
+    """com.microsoft::BatchNormalizationGrad-1: gradients of training-mode batch normalization.
+
+    From the batch mean and inverse std the forward saved (BatchNormInternal's
+    outputs 3 and 4; ``epsilon`` is already in them): -> dX, dScale, dB.
+    """
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = channel_shape(x)
+    xhat = (x - jnp.reshape(mean, shape)) * jnp.reshape(inv_std, shape)
+    # Summed per sample and channel, then over the batch, as ORT's kernel sums.
+    dbias = jnp.sum(jnp.sum(dy, axis=axes[1:]), axis=0)
+    dscale = jnp.sum(jnp.sum(dy * xhat, axis=axes[1:]), axis=0)
+    inner = dy - jnp.mean(dy, axis=axes, keepdims=True) - xhat * jnp.mean(dy * xhat, axis=axes, keepdims=True)
+    dx = jnp.reshape(scale * inv_std, shape) * inner
+    return dx.astype(x.dtype), dscale.astype(scale.dtype), dbias.astype(scale.dtype)
+
+
+@register("ReluGrad", since=1, domain=MS)
+def relu_grad(dy, x):
+    """com.microsoft::ReluGrad-1: dY where X > 0, else 0 (X the Relu's input or output)."""
+    return jnp.where(x > 0, dy, jnp.zeros((), dy.dtype))
+
+
+@register("SigmoidGrad", since=1, domain=MS)
+def sigmoid_grad(dy, y):
+    """com.microsoft::SigmoidGrad-1: dY * Y * (1 - Y), Y the Sigmoid's output."""
+    return dy * y * (1 - y)
+
+
+@register("QuickGeluGrad", since=1, domain=MS)
+def quick_gelu_grad(dy, x, *, alpha=1.702):
+    """com.microsoft::QuickGeluGrad-1: dY times the derivative of X * Sigmoid(alpha * X)."""
+    s = jax.nn.sigmoid(alpha * x)
+    return dy * (s + alpha * x * s * (1 - s))
+
+
+@register("SoftmaxCrossEntropyLossGrad", since=1, domain=MS)
+def softmax_cross_entropy_loss_grad(dy, log_prob, label, weight=None, *, reduction="mean", ignore_index=None):
+    """com.microsoft::SoftmaxCrossEntropyLossGrad-1: d loss / d logits from the forward's log_prob.
+
+    The loss of a log-softmax output is a function of log_prob alone, so this is the
+    derivative of the negative log-likelihood of ``log_prob`` through a log-softmax.
+    """
+    def loss(scores):
+        return negative_log_likelihood_loss(jax.nn.log_softmax(scores, axis=1), label, weight,
+                                            reduction=reduction, ignore_index=ignore_index)
+
+    out, vjp = jax.vjp(loss, log_prob)
+    if tuple(jnp.shape(dy)) != tuple(out.shape):
+        raise OpError(f"dY has shape {list(jnp.shape(dy))}, the loss (reduction {reduction!r}) "
+                      f"{list(out.shape)}")
+    return vjp(jnp.asarray(dy, out.dtype))[0]
+
+
+@register("Scale", since=1, domain=MS)
+def scale(input, scale, *, scale_down=0):
+    """com.microsoft::Scale-1: input times the scalar ``scale``, or divided by it (scale_down=1)."""
+    if int(np.prod(jnp.shape(scale))) != 1:
+        raise OpError(f"scale must hold one value, given shape {list(jnp.shape(scale))}")
+    s = jnp.reshape(scale, ()).astype(input.dtype)
+    return input * (1 / s if scale_down else s)

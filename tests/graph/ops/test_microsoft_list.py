@@ -71,7 +71,8 @@ def test_listed_op_has_a_handler(domain, op, since):
 
 # Gradient ops jaxort implements all the same: the gradient graphs it writes for ORT hold
 # them (jaxort/training/artifacts/gradient.py), and so its tests and users can run those.
-GRADIENT_OPS_JAXORT_RUNS = {"LSTMGrad", "GRUGrad"}
+GRADIENT_OPS_JAXORT_RUNS = {"LSTMGrad", "GRUGrad", "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "SigmoidGrad",
+                            "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale"}
 
 
 def test_every_registered_microsoft_op_is_listed():

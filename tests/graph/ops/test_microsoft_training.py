@@ -28,6 +28,10 @@ COVERED_OPS = {
     "ConcatTraining", "SplitTraining", "ReduceSumTraining", "LSTMTraining", "GRUTraining", "LSTMGrad", "GRUGrad",
     "BitmaskDropout", "BiasDropout", "BitmaskBiasDropout", "SoftmaxCrossEntropyLossInternal",
     "NegativeLogLikelihoodLossInternal", "SoftmaxCrossEntropy", "SparseSoftmaxCrossEntropy",
+    # Gradient ops (what generate_artifacts writes where ORT's gradient builder does): ORT's
+    # outputs in the fixtures; the graphs they make are checked against jax.grad in
+    # tests/training/test_gradient_graph.py.
+    "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale",
 }
 _FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures" / "training_ops"
 _ORT = np.load(_FIXTURES / "ops.npz")
