@@ -31,8 +31,8 @@ What is here, with ORT 1.19.2's names, arguments and defaults:
   :func:`save_checkpoint` / :func:`load_checkpoint_to_model`.
 
 Blocks make the nodes and names ORT's make. The gradient graph is jaxort's
-(:mod:`jaxort.training.artifacts.gradient`, standard ONNX ops that ORT
-trains); errors are jaxort's: :class:`jaxort.errors.StateError` (a
+(:mod:`jaxort.training.artifacts.gradient`, which ORT trains as it
+trains its own); errors are jaxort's: :class:`jaxort.errors.StateError` (a
 RuntimeError, as ORT raises) for calls out of order, such as a block called
 outside a base context, and :class:`jaxort.errors.TrainingError` for bad
 arguments. See docs/onnxblock.md.

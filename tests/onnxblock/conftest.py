@@ -1,7 +1,9 @@
 """Models and runners shared by the jaxort.onnxblock tests.
 
-References are numpy formulas, ``jax.grad`` of the same functions written in
-jax.numpy here, and onnxruntime inference running the graphs the blocks build.
+References are numpy formulas and ``jax.grad`` of the same functions written in
+jax.numpy here; onnxruntime inference runs the graphs the blocks build, and
+their gradient graphs run in jaxort's executor and, where it has their ops, in
+onnxruntime.
 """
 
 from __future__ import annotations
@@ -88,12 +90,16 @@ def ort_run(model: onnx.ModelProto, feeds: dict, outputs=None) -> list:
     return sess.run(outputs, {n: feeds[n] for n in names})
 
 
-def ort_gradients(training_model: onnx.ModelProto, trainable, feeds: dict) -> dict:
-    """``<param>_grad`` of a training model, computed by onnxruntime inference.
+def gradient_runs(training_model: onnx.ModelProto, trainable, feeds: dict) -> dict:
+    """Runner -> {param: ``<param>_grad``} of a training model, its accumulators cut off.
 
-    The graph is standard ONNX but for ORT's InPlaceAccumulatorV2 nodes, which
-    are cut off; the gradients become the outputs.
+    jaxort's graph executor always; onnxruntime where it has every op of the graph
+    (inference for standard ops only; onnxruntime-training's sessions also have the
+    gradient kernels, ReluGrad, SoftmaxCrossEntropyLossGrad, ..., that the rules write
+    where ORT's gradient builder does).
     """
+    from jaxort.graph import JaxGraph
+
     model = onnx.ModelProto()
     model.CopyFrom(training_model)
     g = model.graph
@@ -105,10 +111,16 @@ def ort_gradients(training_model: onnx.ModelProto, trainable, feeds: dict) -> di
     inputs = [i for i in g.input if not i.name.endswith("_grad.accumulation.buffer") and i.name != "lazy_reset_grad"]
     del g.input[:]
     g.input.extend(inputs)
-    opsets = [o for o in model.opset_import if o.domain != "com.microsoft"]
-    del model.opset_import[:]
-    model.opset_import.extend(opsets)
-    return dict(zip(trainable, ort_run(model, feeds)))
+    graph = JaxGraph(model, params=[], check=False)
+    runs = {"jaxort": [np.asarray(v) for v in graph.apply(graph.params, *(feeds[i.name] for i in graph.inputs))]}
+    try:
+        import onnxruntime.training  # noqa: F401
+        ort_has_gradient_kernels = True
+    except ImportError:
+        ort_has_gradient_kernels = False
+    if ort_has_gradient_kernels or all(n.domain in ("", "ai.onnx") for n in g.node):
+        runs["onnxruntime"] = ort_run(model, feeds)
+    return {runner: dict(zip(trainable, got)) for runner, got in runs.items()}
 
 
 def cross_entropy(scores, labels, weight=None, reduction="mean", ignore_index=None, xp=np):
@@ -160,6 +172,6 @@ def helpers():
     """The model builders, runners and references of this module."""
     return types.SimpleNamespace(
         two_head_params=two_head_params, two_head_model=two_head_model, scores_model=scores_model,
-        ort_run=ort_run, ort_gradients=ort_gradients, cross_entropy=cross_entropy,
+        ort_run=ort_run, gradient_runs=gradient_runs, cross_entropy=cross_entropy,
         TORCH_CLIP=TORCH_CLIP, clip_grad_norm=clip_grad_norm, weighted_losses=weighted_losses,
         IN=IN, HIDDEN=HIDDEN, REG=REG, CLASSES=CLASSES, BATCH=BATCH)

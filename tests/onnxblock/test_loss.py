@@ -67,9 +67,9 @@ def _check(loss_block, shape, feeds, reference, helpers, *, rtol=1e-5, atol=1e-6
     want = reference(x * w, np)
     assert got.shape == np.shape(want)
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
-    grads = helpers.ort_gradients(training, ["w"], feeds)
     want_grad = jax.grad(lambda wj: jnp.sum(reference(jnp.asarray(x) * wj, jnp)))(jnp.asarray(w))
-    np.testing.assert_allclose(grads["w"], np.asarray(want_grad), rtol=1e-4, atol=1e-5)
+    for runner, grads in helpers.gradient_runs(training, ["w"], feeds).items():
+        np.testing.assert_allclose(grads["w"], np.asarray(want_grad), rtol=1e-4, atol=1e-5, err_msg=runner)
     return training, evaluation
 
 

@@ -10,9 +10,10 @@ losses and optimizer models are built with :mod:`jaxort.onnxblock`'s blocks,
 which ``loss`` and ``optimizer`` also take, as ORT's take its own.
 
 The training model holds a gradient graph for ONNX Runtime
-(:mod:`jaxort.training.artifacts.gradient`): one rule per forward node in
-standard ONNX ops, ending in ORT's ``InPlaceAccumulatorV2`` per trainable
-parameter, so ORT's ``Module`` trains the files; BatchNormalization nodes
+(:mod:`jaxort.training.artifacts.gradient`): one rule per forward node,
+ORT's gradient kernels where ORT's gradient builder uses them and standard
+ONNX ops elsewhere, ending in ORT's ``InPlaceAccumulatorV2`` per trainable
+parameter, so ORT's ``Module`` trains the files as it trains its own; BatchNormalization nodes
 become ORT's ``com.microsoft::BatchNormInternal`` there, as in ORT's files
 (batch statistics, running statistics written back). jaxort itself never
 runs the gradient graph (it differentiates the forward + loss graph with

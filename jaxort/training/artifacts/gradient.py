@@ -1,4 +1,4 @@
-"""The gradient graph of a training model, in standard ONNX ops, for ONNX Runtime to run.
+"""The gradient graph of a training model, for ONNX Runtime to run.
 
 jaxort trains with ``jax.grad`` and never runs a gradient graph. ONNX Runtime
 does: its ``Module`` runs training_model.onnx, and a trainable parameter's
@@ -6,23 +6,20 @@ gradient reaches it only through the ``com.microsoft::InPlaceAccumulatorV2``
 node that writes ``<param>_grad.accumulation.buffer`` (its output
 ``<param>_grad.accumulation.out`` is a bool flag). :func:`add_gradient_graph`
 appends that part to a forward + loss model: reverse-mode differentiation
-node by node, each node's rule written in standard ONNX ops (so onnxruntime
-inference, ONNX's reference evaluator and jaxort can all run and check it),
-then one accumulator per parameter, as ORT's gradient builder ends its graph.
+node by node, then one accumulator per parameter, as ORT's gradient builder
+ends its graph.
 
-Why per node, in standard ops, and not JAX's own backward pass converted to
-ONNX (a jaxpr -> ONNX export): a jaxpr of ``jax.grad`` works on XLA's
-primitives, and several that backward passes produce have no ONNX op
-(``select_and_scatter_add`` of max pooling, general ``gather``/``scatter``
-dimension numbers, the custom derivative calls of the fused patterns), and it
-recomputes the forward pass. A rule per ONNX op stays at the level of the
-model, reuses the forward values the graph already has, and names the op it
-cannot differentiate.
-
-LSTM and GRU are the exception: their rules write ORT's own
-``LSTMTraining``/``LSTMGrad`` and ``GRUTraining``/``GRUGrad`` pairs (one
-node each instead of a node group per time step; docs/gradient-graph.md
-says why).
+Each node's rule writes what ORT's gradient builder writes for the op where
+that is one of ORT's gradient kernels (ConvGrad, BatchNormalizationGrad,
+ReluGrad, SigmoidGrad, QuickGeluGrad, SoftmaxCrossEntropyLossGrad, Scale,
+LSTMGrad, GRUGrad; ``x * Sigmoid(x)`` is first fused into QuickGelu, as ORT
+fuses it), and standard ONNX ops otherwise. With the same kernels ORT computes
+the same float32 gradients as on its own artifacts, bit for bit on the
+corpus's convolutional networks; docs/gradient-graph.md shows why that
+matters and why the rules are per node rather than JAX's backward pass
+converted to ONNX (a jaxpr of ``jax.grad`` has XLA primitives with no ONNX
+op, recomputes the forward pass, and rounds as XLA does). jaxort's graph
+executor runs all of these kernels, so the graphs can be checked without ORT.
 
 The rules cover the ops of MLPs, CNNs, transformers, LSTMs, GRUs and ORT's
 losses (see :data:`RULES` and :data:`MS_RULES`); any other op on the path
@@ -44,7 +41,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
 
-__all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
+__all__ = ["MS_RULES", "RULES", "add_gradient_graph", "fuse_quick_gelu", "gradient_name", "to_batch_norm_internal"]
 
 # The lowest default-domain opset the rules are written for (ReduceSum and
 # Unsqueeze take axes as an input from 13); MaxPool's needs 16 (ScatterElements
@@ -119,6 +116,7 @@ def _shapes(model: onnx.ModelProto) -> dict:
     # onnx's shape inference does not know BatchNormInternal; its output 0 has the shape
     # of a BatchNormalization's.
     # Nor LSTMTraining and GRUTraining; their first outputs are an LSTM's and a GRU's.
+    # Nor QuickGelu, elementwise.
     plain = onnx.ModelProto()
     plain.CopyFrom(model)
     for node in plain.graph.node:
@@ -128,6 +126,9 @@ def _shapes(model: onnx.ModelProto) -> dict:
             kept = [a for a in node.attribute if a.name in ("epsilon", "momentum")]
             del node.attribute[:]
             node.attribute.extend(kept)
+        elif node.op_type == "QuickGelu" and node.domain == _MS_DOMAIN:  # elementwise
+            node.op_type, node.domain = "Sigmoid", ""
+            del node.attribute[:]
         elif node.op_type in _RNN_PLAIN and node.domain == _MS_DOMAIN:
             plain_op = _RNN_PLAIN[node.op_type]
             node.op_type, node.domain = plain_op, ""
@@ -275,13 +276,24 @@ def _elementwise(fn: Callable) -> Callable:
     return rule
 
 
-def _relu(em, x, y, dy):
-    zero = _scalar(em, 0.0, y)
-    return em.op("Where", [em.op("Greater", [y, zero]), dy, zero])
+def _relu(em, node, dys, needs):
+    out = em.name("ReluGrad")
+    _ms_node(em, "ReluGrad", [dys[0], node.output[0]], [out])
+    return [out]
 
 
-def _sigmoid(em, x, y, dy):
-    return em.op("Mul", [dy, em.op("Mul", [y, em.op("Sub", [_scalar(em, 1.0, y), y])])])
+def _ms_node(em: _Emitter, op_type: str, inputs: Sequence[str], outputs: Sequence[str], attrs=()) -> None:
+    """Appends one com.microsoft node (ORT's gradient kernels), with the given attributes."""
+    node = helper.make_node(op_type, list(inputs), list(outputs), name=em.name(f"{op_type}_node"),
+                            domain=_MS_DOMAIN)
+    node.attribute.extend(attrs)
+    em.nodes.append(node)
+
+
+def _sigmoid(em, node, dys, needs):
+    out = em.name("SigmoidGrad")
+    _ms_node(em, "SigmoidGrad", [dys[0], node.output[0]], [out])
+    return [out]
 
 
 def _tanh(em, x, y, dy):
@@ -374,13 +386,12 @@ def _reduce(mean: bool) -> Callable:
         dy = dys[0]
         if not keepdims:
             dy = em.op("Unsqueeze", [dy, em.ints(axes)])
-        dx = em.op("Expand", [dy, em.op("Shape", [x])])
-        if mean:
-            t = em.elem_type(x)
-            count = em.op("Div", [em.op("Cast", [em.op("Size", [x])], to=t),
-                                  em.op("Cast", [em.op("Size", [y])], to=t)])
-            dx = em.op("Div", [dx, count])
-        return [dx] + [None] * (len(node.input) - 1)
+        if mean:  # as ORT's builder: dY scaled down by the (int64) count, then spread
+            count = em.op("Div", [em.op("Size", [x]), em.op("Size", [y])])
+            scaled = em.name("Scale")
+            _ms_node(em, "Scale", [dy, count], [scaled], [helper.make_attribute("scale_down", 1)])
+            dy = scaled
+        return [em.op("Expand", [dy, em.op("Shape", [x])])] + [None] * (len(node.input) - 1)
 
     return rule
 
@@ -459,96 +470,49 @@ def _second_output(em: _Emitter, node, dys, what: str) -> str:
 
 
 def _softmax_cross_entropy(em, node, dys, needs):
-    scores, labels = node.input[:2]
-    weights = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    if weights is not None and needs[2]:
+    if len(node.input) > 2 and node.input[2] and needs[2]:
         raise _error(node, "has class weights that depend on a trainable parameter")
-    attrs = _attrs(node)
-    reduction = attrs.get("reduction", b"mean")
+    reduction = _attrs(node).get("reduction", b"mean")
     reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
-    t = em.elem_type(scores)
-    log_prob = _second_output(em, node, dys, "log_prob")
-    probs = em.op("Exp", [log_prob])
-    mask = None
-    safe = labels
-    if "ignore_index" in attrs:
-        ignore = em.const(np.int64(attrs["ignore_index"]), em.elem_type(labels))
-        mask = em.op("Not", [em.op("Equal", [labels, ignore])])
-        safe = em.op("Where", [mask, labels, em.const(0, em.elem_type(labels))])
-    depth = em.op("Gather", [em.op("Shape", [scores]), em.ints([1])])
-    one_hot = em.op("OneHot", [safe, depth, em.const([0.0, 1.0], t)], axis=1)
-    weight = None
-    if weights is not None:
-        weight = em.op("Gather", [weights, safe])
-    if mask is not None:
-        m = em.op("Cast", [mask], to=t)
-        weight = m if weight is None else em.op("Mul", [weight, m])
-    dy = dys[0]
-    if reduction == "mean":
-        if weight is None:
-            count = em.op("Cast", [em.op("Size", [labels])], to=t)
-            coeff = em.op("Div", [dy, count])
-        else:
-            coeff = em.op("Mul", [dy, em.op("Div", [weight, em.op("ReduceSum", [weight], keepdims=0)])])
-    elif reduction == "sum":
-        coeff = dy if weight is None else em.op("Mul", [dy, weight])
-    elif reduction == "none":
-        coeff = dy if weight is None else em.op("Mul", [dy, weight])
-    else:
+    if reduction not in ("mean", "sum", "none"):
         raise _error(node, f"has an unknown reduction {reduction!r}")
-    if not (reduction != "none" and weight is None):
-        coeff = em.op("Unsqueeze", [coeff, em.ints([1])])
-    dscores = em.op("Mul", [em.op("Sub", [probs, one_hot]), coeff])
-    return [dscores] + [None] * (len(node.input) - 1)
+    log_prob = _second_output(em, node, dys, "log_prob")
+    out = em.name("SoftmaxCrossEntropyLossGrad")
+    _ms_node(em, "SoftmaxCrossEntropyLossGrad", [dys[0], log_prob, *node.input[1:]], [out], node.attribute)
+    return [out] + [None] * (len(node.input) - 1)
 
 
 def _conv(em, node, dys, needs):
-    x, w = node.input[:2]
-    b = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    attrs = _attrs(node)
-    sx, sw, sy = em.dims(x), em.dims(w), em.dims(node.output[0])
-    static = lambda dims: dims is not None and all(isinstance(d, int) and d > 0 for d in dims)  # noqa: E731
-    if not (static(sw) and sx and sy and static(sx[2:]) and static(sy[2:])):
-        raise _error(node, "has a weight, or input or output spatial dimensions, without static shapes")
-    group = int(attrs.get("group", 1))
-    if group != 1 and not (group == sx[1] == sw[0] and sw[1] == 1):
-        raise _error(node, "is a grouped convolution other than a depthwise one")
-    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    # ConvGrad(dY, X, W) -> dX, dW, dB, with the Conv's attributes; "" where no gradient is needed.
+    outs = [em.name("ConvGrad") if need else "" for need in needs]
+    attrs = list(node.attribute)
+    auto_pad = _attrs(node).get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad not in ("NOTSET", "VALID"):
-        raise _error(node, f"uses auto_pad={auto_pad}: give explicit pads")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        # ORT 1.19.2's ConvGrad gets both gradients wrong with auto_pad SAME_* (as ORT's own
+        # builder writes it; test_ort_conv_grad_is_wrong_with_auto_pad), so the pads are written out.
+        attrs = [a for a in attrs if a.name not in ("auto_pad", "pads")]
+        attrs.append(helper.make_attribute("pads", _same_pads(em, node, auto_pad)))
+    _ms_node(em, "ConvGrad", [dys[0], node.input[0], node.input[1]], outs, attrs)
+    return [o or None for o in outs]
+
+
+def _same_pads(em, node, auto_pad: str) -> list:
+    """The explicit pads (begins, then ends) of a Conv with auto_pad SAME_UPPER or SAME_LOWER."""
+    sx, sw = em.dims(node.input[0]), em.dims(node.input[1])
+    if not (sx and sw and all(isinstance(d, int) and d > 0 for d in sx[2:] + sw[2:])):
+        raise _error(node, f"uses auto_pad={auto_pad} without static input and weight spatial shapes")
     n = len(sx) - 2
-    strides = list(attrs.get("strides", [1] * n))
-    dilations = list(attrs.get("dilations", [1] * n))
-    pads = list(attrs.get("pads", [0] * (2 * n))) if auto_pad == "NOTSET" else [0] * (2 * n)
-    kernel = sw[2:]
-    dy = dys[0]
-    out = [None] * len(node.input)
-    if needs[0]:
-        natural = [(sy[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - pads[i] - pads[n + i]
-                   for i in range(n)]
-        output_padding = [sx[2 + i] - natural[i] for i in range(n)]
-        out[0] = em.op("ConvTranspose", [dy, w], strides=strides, pads=pads, dilations=dilations,
-                       output_padding=output_padding, kernel_shape=kernel, group=group)
-    if needs[1]:
-        swap = [1, 0] + list(range(2, n + 2))
-        # dW[o, c] = sum over the batch of X[:, c] correlated with dY[:, o]: a convolution of the
-        # batch-swapped input with the batch-swapped output gradient, strides and dilations exchanged.
-        # Depthwise (one input channel per output channel): the channels become groups of an
-        # input [1, C * N, ...] and a kernel [C, N, ...].
-        xt, dyt = em.op("Transpose", [x], perm=swap), em.op("Transpose", [dy], perm=swap)
-        if group != 1:
-            xt = em.op("Reshape", [xt, em.ints([1, -1] + sx[2:])])
-        full = em.op("Conv", [xt, dyt], strides=dilations, dilations=strides, pads=pads, kernel_shape=sy[2:],
-                     group=group)
-        size = [(sx[2 + i] + pads[i] + pads[n + i] - ((sy[2 + i] - 1) * strides[i] + 1)) // dilations[i] + 1
-                for i in range(n)]
-        if size != list(kernel):
-            full = em.op("Slice", [full, em.ints([0] * n), em.ints(kernel), em.ints(list(range(2, n + 2)))])
-        out[1] = em.op("Transpose", [full], perm=swap)  # depthwise: [1, C, ...] -> [C, 1, ...]
-    if b is not None and needs[2]:
-        out[2] = em.op("ReduceSum", [dy, em.ints([0] + list(range(2, n + 2)))], keepdims=0)
-    return out
+    attrs = _attrs(node)
+    kernel = list(attrs.get("kernel_shape", sw[2:]))
+    strides, dilations = list(attrs.get("strides", [1] * n)), list(attrs.get("dilations", [1] * n))
+    begins, ends = [], []
+    for size, k, stride, dilation in zip(sx[2:], kernel, strides, dilations):
+        total = max(0, (-(-size // stride) - 1) * stride + (k - 1) * dilation + 1 - size)
+        small, big = total // 2, total - total // 2
+        begins.append(small if auto_pad == "SAME_UPPER" else big)
+        ends.append(big if auto_pad == "SAME_UPPER" else small)
+    return begins + ends
 
 
 def _max_pool(em, node, dys, needs):
@@ -680,10 +644,17 @@ def _split(em, node, dys, needs):
 
 
 def _global_average_pool(em, node, dys, needs):
+    # dY / (the pooled size), spread over X's shape: ORT's Scale, then Expand.
     x, y = node.input[0], node.output[0]
     t = em.elem_type(x)
-    count = em.op("Div", [em.op("Cast", [em.op("Size", [x])], to=t), em.op("Cast", [em.op("Size", [y])], to=t)])
-    return [em.op("Div", [em.op("Expand", [dys[0], em.op("Shape", [x])]), count])]
+    dims = em.dims(x)
+    if dims is not None and all(isinstance(d, int) and d > 0 for d in dims[2:]):
+        count = em.const(np.prod(dims[2:], dtype=np.int64), t)
+    else:
+        count = em.op("Div", [em.op("Cast", [em.op("Size", [x])], to=t), em.op("Cast", [em.op("Size", [y])], to=t)])
+    scaled = em.name("Scale")
+    _ms_node(em, "Scale", [dys[0], count], [scaled], [helper.make_attribute("scale_down", 1)])
+    return [em.op("Expand", [scaled, em.op("Shape", [x])])]
 
 
 def _mean_over(em, x: str, axes: Sequence[int]) -> str:
@@ -730,32 +701,21 @@ def _layer_normalization(em, node, dys, needs):
 
 
 def _batch_norm_internal(em, node, dys, needs):
-    # Training-mode batch normalization with the saved batch mean and inverse std
-    # (outputs 3 and 4): xhat = (x - mean) * invstd over every axis but the channels',
-    # dx = scale * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)),
-    # dscale = sum(dy * xhat), dbias = sum(dy).
+    # BatchNormalizationGrad(dY, X, scale, saved mean, saved inverse std) -> dX, dScale, dB.
     if any(d is not None for d in dys[1:]):
         raise _error(node, "has a statistics output on the path to the loss")
-    x, scale = node.input[:2]
-    dims = em.dims(x)
-    if dims is None or len(dims) < 2 or len(node.output) < 5:
-        raise _error(node, "has an input of unknown rank or lacks its saved mean and inverse std outputs")
-    axes = [0] + list(range(2, len(dims)))
-    shape = em.ints([1, -1] + [1] * (len(dims) - 2))
-    mean = em.op("Reshape", [node.output[3], shape])
-    invstd = em.op("Reshape", [node.output[4], shape])
-    dy = dys[0]
-    xhat = em.op("Mul", [em.op("Sub", [x, mean]), invstd])
-    out = [None] * len(node.input)
-    if needs[0]:
-        inner = em.op("Sub", [em.op("Sub", [dy, _mean_over(em, dy, axes)]),
-                              em.op("Mul", [xhat, _mean_over(em, em.op("Mul", [dy, xhat]), axes)])])
-        out[0] = em.op("Mul", [em.op("Mul", [em.op("Reshape", [scale, shape]), invstd]), inner])
-    if needs[1]:
-        out[1] = em.op("ReduceSum", [em.op("Mul", [dy, xhat]), em.ints(axes)], keepdims=0)
-    if needs[2]:
-        out[2] = em.op("ReduceSum", [dy, em.ints(axes)], keepdims=0)
-    return out
+    if len(node.output) < 5:
+        raise _error(node, "lacks its saved mean and inverse std outputs")
+    outs = [em.name("BatchNormalizationGrad") for _ in range(3)]
+    eps = helper.make_attribute("epsilon", float(_attrs(node).get("epsilon", 1e-5)))
+    _ms_node(em, "BatchNormalizationGrad", [dys[0], *node.input[:2], *node.output[3:5]], outs, [eps])
+    return [o if need else None for o, need in zip(outs, needs)] + [None] * (len(node.input) - 3)
+
+
+def _quick_gelu(em, node, dys, needs):
+    out = em.name("QuickGeluGrad")
+    _ms_node(em, "QuickGeluGrad", [dys[0], node.input[0]], [out], [a for a in node.attribute if a.name == "alpha"])
+    return [out]
 
 
 # LSTM and GRU: ORT's training forms and gradient ops. An unrolled backward pass in
@@ -853,7 +813,7 @@ def _recurrent(plain_op: str) -> Callable:
 
 
 #: com.microsoft op type -> rule: the training forms generate_artifacts writes.
-MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal,
+MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal, "QuickGelu": _quick_gelu,
                   "LSTMTraining": _recurrent("LSTM"), "GRUTraining": _recurrent("GRU")}
 
 
@@ -886,6 +846,72 @@ def to_batch_norm_internal(model: onnx.ModelProto) -> None:
         model.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
 
 
+def fuse_quick_gelu(model: onnx.ModelProto) -> None:
+    """Rewrites ``x * Sigmoid(x)`` and ``x * Sigmoid(alpha * x)`` as com.microsoft QuickGelu, in place.
+
+    As ORT's generate_artifacts does before it builds the gradient graph (its
+    QuickGeluFusion), so that the gradient is its one QuickGeluGrad kernel. The
+    intermediate values must have no other reader and not be graph outputs.
+    """
+    graph = model.graph
+    readers: dict = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    outputs = {o.name for o in graph.output}
+    producer = {o: node for node in graph.node for o in node.output}
+
+    def private(name: str) -> bool:
+        return readers.get(name, 0) == 1 and name not in outputs
+
+    def default(node) -> bool:
+        return node is not None and node.domain in ("", "ai.onnx")
+
+    dropped: set = set()
+    for mul in graph.node:
+        if mul.op_type != "Mul" or not default(mul) or len(mul.input) != 2:
+            continue
+        a, b = mul.input
+        for x, s in ((a, b), (b, a)):
+            sigmoid = producer.get(s)
+            if not (default(sigmoid) and sigmoid.op_type == "Sigmoid" and private(s)):
+                continue
+            alpha, fused = 1.0, [sigmoid]
+            if sigmoid.input[0] != x:  # x * Sigmoid(alpha * x)
+                scaled = producer.get(sigmoid.input[0])
+                if not (default(scaled) and scaled.op_type == "Mul" and private(sigmoid.input[0])):
+                    continue
+                p, q = scaled.input
+                value = _static_of(graph, q if p == x else p) if x in (p, q) else None
+                if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.floating):
+                    continue
+                alpha = float(value.reshape(()))
+                fused.append(scaled)
+            dropped.update(id(n) for n in fused)
+            mul.op_type, mul.domain = "QuickGelu", _MS_DOMAIN
+            del mul.input[:]
+            mul.input.append(x)
+            mul.attribute.extend([helper.make_attribute("alpha", alpha)])
+            break
+    if dropped:
+        kept = [n for n in graph.node if id(n) not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept)
+        if not any(imp.domain == _MS_DOMAIN for imp in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
+
+
+def _static_of(graph: onnx.GraphProto, name: str) -> Optional[np.ndarray]:
+    """An initializer's or Constant node's value, else None."""
+    for init in graph.initializer:
+        if init.name == name:
+            return _static(init)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] == name:
+            return _static(node)
+    return None
+
+
 #: op type -> rule, for default-domain nodes on the path from a parameter to the loss.
 RULES: dict = {
     "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Sum": _sum,
@@ -895,7 +921,7 @@ RULES: dict = {
     "Log": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, x])),
     "Sqrt": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, em.op("Mul", [_scalar(em, 2.0, y), y])])),
     "Reciprocal": _elementwise(lambda em, x, y, dy: em.op("Neg", [em.op("Mul", [dy, em.op("Mul", [y, y])])])),
-    "Relu": _elementwise(_relu), "Sigmoid": _elementwise(_sigmoid), "Tanh": _elementwise(_tanh),
+    "Relu": _relu, "Sigmoid": _sigmoid, "Tanh": _elementwise(_tanh),
     "Pow": _pow, "Identity": _identity, "Cast": _cast, "Dropout": _dropout,
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
@@ -957,6 +983,7 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
                             f"{opset}, and the gradient rules need opset {MIN_OPSET} or newer")
     work = onnx.ModelProto()
     work.CopyFrom(model)
+    fuse_quick_gelu(work)
     em = _Emitter(work, _shapes(work), opset)
     forward = list(work.graph.node)
 
