@@ -402,6 +402,41 @@ def _cases() -> list:
     ]
 
 
+def _transformer_gradient_cases(f32) -> list:
+    """Cases of TanhGrad, SoftmaxGrad_13, LogSoftmaxGrad_13, LayerNormalizationGrad, GatherGrad."""
+    i64 = np.int64
+
+    def softmax(x, axis):
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return (e / e.sum(axis=axis, keepdims=True)).astype(np.float32)
+
+    def layer_norm(name, x, axis):
+        inner = tuple(range(axis % x.ndim, x.ndim))
+        mean = x.mean(axis=inner, keepdims=True).astype(np.float32)
+        inv = (1.0 / np.sqrt(x.var(axis=inner, keepdims=True) + 1e-5)).astype(np.float32)
+        return (name, "LayerNormalizationGrad", MS, 17,
+                {"dy": f32(*x.shape), "x": x, "scale": f32(*x.shape[axis % x.ndim:]) + 1.0, "mean": mean,
+                 "inv_std_dev": inv}, ["dx", "dscale", "dbias"], {"axis": axis, "epsilon": 1e-5})
+
+    return [
+        ("tanh_grad", "TanhGrad", MS, 17, {"dy": f32(3, 7), "y": np.tanh(f32(3, 7, scale=2.0))}, ["dx"], {}),
+        ("softmax_grad_13", "SoftmaxGrad_13", MS, 17, {"dy": f32(2, 3, 5), "y": softmax(f32(2, 3, 5), -1)}, ["dx"],
+         {"axis": -1}),
+        ("softmax_grad_13_axis_1", "SoftmaxGrad_13", MS, 17, {"dy": f32(2, 3, 5), "y": softmax(f32(2, 3, 5), 1)},
+         ["dx"], {"axis": 1}),
+        ("log_softmax_grad_13", "LogSoftmaxGrad_13", MS, 17,
+         {"dy": f32(4, 6), "y": np.log(softmax(f32(4, 6), -1))}, ["dx"], {"axis": -1}),
+        layer_norm("layer_normalization_grad", f32(2, 3, 8, scale=2.0) + 0.5, -1),
+        layer_norm("layer_normalization_grad_axis_1", f32(2, 3, 4, scale=2.0) - 0.5, 1),
+        ("gather_grad", "GatherGrad", MS, 17,
+         {"shape": np.array([5, 3], i64), "indices": np.array([[0, 4], [4, 1], [-1, 2]], i64), "dy": f32(3, 2, 3)},
+         ["dx"], {"axis": 0}),
+        ("gather_grad_axis_1", "GatherGrad", MS, 17,
+         {"shape": np.array([2, 4, 3], i64), "indices": np.array([3, 0, 3], i64), "dy": f32(2, 3, 3)},
+         ["dx"], {"axis": 1}),
+    ]
+
+
 def _gradient_cases(f32) -> list:
     """Cases of ConvGrad, BatchNormalizationGrad, ReluGrad, SigmoidGrad, QuickGeluGrad, SoftmaxCrossEntropyLossGrad, Scale."""
     i64 = np.int64
@@ -448,6 +483,7 @@ def _gradient_cases(f32) -> list:
         ("scale", "Scale", MS, 17, {"x": f32(2, 5), "s": np.array([3.0], np.float32)}, ["y"], {}),
         ("scale_down", "Scale", MS, 17, {"x": f32(2, 5), "s": np.array(49.0, np.float32)}, ["y"], {"scale_down": 1}),
         ("scale_down_int64", "Scale", MS, 17, {"x": f32(2, 5), "s": np.array(12, i64)}, ["y"], {"scale_down": 1}),
+        *_transformer_gradient_cases(f32),
     ]
 
 

@@ -431,6 +431,52 @@ def relu_grad(dy, x):
     return jnp.where(x > 0, dy, jnp.zeros((), dy.dtype))
 
 
+@register("TanhGrad", since=1, domain=MS)
+def tanh_grad(dy, y):
+    """com.microsoft::TanhGrad-1: dY * (1 - Y * Y), Y the Tanh's output."""
+    return dy * (1 - y * y)
+
+
+@register("SoftmaxGrad_13", since=1, domain=MS)
+def softmax_grad_13(dy, y, *, axis=-1):
+    """com.microsoft::SoftmaxGrad_13-1: Y * (dY - sum(dY * Y, axis)), Y a Softmax-13's output."""
+    return y * (dy - jnp.sum(dy * y, axis=axis, keepdims=True))
+
+
+@register("LogSoftmaxGrad_13", since=1, domain=MS)
+def log_softmax_grad_13(dy, y, *, axis=-1):
+    """com.microsoft::LogSoftmaxGrad_13-1: dY - exp(Y) * sum(dY, axis), Y a LogSoftmax-13's output."""
+    return dy - jnp.exp(y) * jnp.sum(dy, axis=axis, keepdims=True)
+
+
+@register("LayerNormalizationGrad", since=1, domain=MS)
+def layer_normalization_grad(dy, x, scale, mean, inv_std_dev, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """com.microsoft::LayerNormalizationGrad-1: -> dX, dScale, dBias of LayerNormalization.
+
+    From the Mean and InvStdDev the forward returned (``epsilon`` is already in them),
+    over the axes from ``axis`` on.
+    """
+    a = axis % x.ndim
+    inner, outer = tuple(range(a, x.ndim)), tuple(range(a))
+    shape = x.shape[:a] + (1,) * (x.ndim - a)
+    xhat = (x - jnp.reshape(mean, shape)) * jnp.reshape(inv_std_dev, shape)
+    g = dy * scale
+    dx = jnp.reshape(inv_std_dev, shape) * (g - jnp.mean(g, axis=inner, keepdims=True)
+                                            - xhat * jnp.mean(g * xhat, axis=inner, keepdims=True))
+    return dx.astype(x.dtype), jnp.sum(dy * xhat, axis=outer).astype(scale.dtype), jnp.sum(dy, axis=outer)
+
+
+@register("GatherGrad", since=1, domain=MS)
+def gather_grad(shape, indices, dy, *, axis=0):
+    """com.microsoft::GatherGrad-1: dY added into zeros of ``shape`` where Gather read (repeats add)."""
+    dims = static_ints(shape, "input 'shape'")
+    a = axis % len(dims)
+    index = jnp.asarray(indices).astype(jnp.int32)
+    index = jnp.where(index < 0, index + dims[a], index)
+    zeros = jnp.zeros(dims, dy.dtype)
+    return zeros.at[(slice(None),) * a + (index,)].add(dy)
+
+
 @register("SigmoidGrad", since=1, domain=MS)
 def sigmoid_grad(dy, y):
     """com.microsoft::SigmoidGrad-1: dY * Y * (1 - Y), Y the Sigmoid's output."""

@@ -54,8 +54,8 @@ ORT_TRAINING_GRAPH_OPS = [
 NOT_ON_THE_FORWARD_PATH = {
     "InPlaceAccumulatorV2", "SoftmaxCrossEntropyLossGrad", "DropoutGrad", "BitmaskDropoutGrad",
     "GeluGrad", "QuickGeluGrad", "TanhGrad", "SigmoidGrad", "ReluGrad", "ConvGrad",
-    "BatchNormalizationGrad", "GatherGrad", "LSTMGrad", "GRUGrad", "Scale",
-    "YieldOp", "PassThrough", "RecordEvent", "WaitEvent",
+    "BatchNormalizationGrad", "GatherGrad", "LSTMGrad", "GRUGrad", "Scale", "SoftmaxGrad_13",
+    "LogSoftmaxGrad_13", "LayerNormalizationGrad", "YieldOp", "PassThrough", "RecordEvent", "WaitEvent",
 }
 
 _SURVEY = json.loads((pathlib.Path(__file__).parents[2] / "fixtures" / "training_ops"
@@ -72,7 +72,8 @@ def test_listed_op_has_a_handler(domain, op, since):
 # Gradient ops jaxort implements all the same: the gradient graphs it writes for ORT hold
 # them (jaxort/training/artifacts/gradient.py), and so its tests and users can run those.
 GRADIENT_OPS_JAXORT_RUNS = {"LSTMGrad", "GRUGrad", "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "SigmoidGrad",
-                            "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale"}
+                            "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale", "TanhGrad", "SoftmaxGrad_13",
+                            "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad"}
 
 
 def test_every_registered_microsoft_op_is_listed():

@@ -28,10 +28,11 @@ COVERED_OPS = {
     "ConcatTraining", "SplitTraining", "ReduceSumTraining", "LSTMTraining", "GRUTraining", "LSTMGrad", "GRUGrad",
     "BitmaskDropout", "BiasDropout", "BitmaskBiasDropout", "SoftmaxCrossEntropyLossInternal",
     "NegativeLogLikelihoodLossInternal", "SoftmaxCrossEntropy", "SparseSoftmaxCrossEntropy",
-    # Gradient ops (what generate_artifacts writes where ORT's gradient builder does): ORT's
-    # outputs in the fixtures; the graphs they make are checked against jax.grad in
+    # Gradient ops (what generate_artifacts writes where ORT's gradient builder does; FusedMatMul
+    # is in test_microsoft_fused.py): ORT's outputs in the fixtures; the graphs they make are checked against jax.grad in
     # tests/training/test_gradient_graph.py.
     "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale",
+    "TanhGrad", "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad",
 }
 _FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures" / "training_ops"
 _ORT = np.load(_FIXTURES / "ops.npz")
@@ -39,7 +40,7 @@ _CASES = json.loads((_FIXTURES / "cases.json").read_text())
 
 
 # Integer inputs that decide output shapes: initializers, so they stay static under jit.
-_SHAPE_INPUTS = ("split", "axes")
+_SHAPE_INPUTS = ("split", "axes", "shape")
 
 
 def _graph(op, inputs, outputs, attrs=None, *, domain=MS, opset=17, constants=_SHAPE_INPUTS):
