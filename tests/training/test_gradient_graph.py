@@ -1,7 +1,8 @@
 """The gradient graph generate_artifacts writes for ONNX Runtime (training/artifacts/gradient.py).
 
 The rules write standard ONNX ops and, where ORT's gradient builder uses one of
-ORT's gradient kernels (ConvGrad, BatchNormalizationGrad, ReluGrad, SigmoidGrad,
+ORT's gradient kernels (ConvGrad, BatchNormalizationGrad, LayerNormalizationGrad,
+SoftmaxGrad_13, FusedMatMul, GatherGrad, ReluGrad, SigmoidGrad, TanhGrad,
 QuickGeluGrad, SoftmaxCrossEntropyLossGrad, Scale, LSTMGrad, GRUGrad), that
 kernel's node. With the accumulators cut off and ``<param>_grad`` made
 outputs, the graph runs in jaxort's executor (which implements those ops)
@@ -624,6 +625,31 @@ def test_convolutional_networks_get_the_kernels_ort_writes(case, tmp_path):
     ours = _ms_ops(onnx.load(arts.training_model))
     assert ours == _ms_ops(onnx.load(MODELS / case / "training_model.onnx"))
     assert ours["ConvGrad"] == sum(n.op_type == "Conv" for n in onnx.load(MODELS / case / "model.onnx").graph.node)
+
+
+# What ORT's pre-training rewrites fuse and jaxort's training models keep in standard ops
+# (and so differentiate in standard ops): Gelu with its bias, Concat, RMSNorm.
+_ORT_FUSES = {"BiasGelu", "BiasGeluGrad_dX", "FastGelu", "FastGeluGrad", "ConcatTraining", "SplitTraining",
+              "SimplifiedLayerNormalizationGrad"}
+
+
+@pytest.mark.parametrize("case", ["bert", "distilbert", "gpt2", "t5", "vit"])
+def test_transformers_get_the_kernels_ort_writes_but_for_its_fusions(case, tmp_path):
+    # LayerNormalizationGrad, SoftmaxGrad_13, FusedMatMul, GatherGrad, TanhGrad, ... as many
+    # as in ORT's own training models. Kept apart, T5's RMSNorms have the Scale of their means,
+    # GPT-2's tanh Gelus a TanhGrad each.
+    info = json.loads((MODELS / case / "case.json").read_text())
+    arts = generate_artifacts(MODELS / case / "model.onnx", requires_grad=info["requires_grad"],
+                              frozen_params=info["frozen_params"], loss=LossType[info["loss"]],
+                              optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    ours = _ms_ops(onnx.load(arts.training_model))
+    theirs = _ms_ops(onnx.load(MODELS / case / "training_model.onnx"))
+    unfused = {"t5": ("Scale", "SimplifiedLayerNormalizationGrad"), "gpt2": ("TanhGrad", "FastGeluGrad")}
+    if case in unfused:
+        ours_op, fused_op = unfused[case]
+        assert ours.pop(ours_op) == theirs[fused_op]
+    assert ours == {op: n for op, n in theirs.items() if op not in _ORT_FUSES}
+    assert ours["FusedMatMul"] > 0 and ours["SoftmaxGrad_13"] > 0
 
 
 @pytest.mark.parametrize("attrs, why", [

@@ -11,9 +11,10 @@ ends its graph.
 
 Each node's rule writes what ORT's gradient builder writes for the op where
 that is one of ORT's gradient kernels (ConvGrad, BatchNormalizationGrad,
-ReluGrad, SigmoidGrad, QuickGeluGrad, SoftmaxCrossEntropyLossGrad, Scale,
-LSTMGrad, GRUGrad; ``x * Sigmoid(x)`` is first fused into QuickGelu, as ORT
-fuses it), and standard ONNX ops otherwise. With the same kernels ORT computes
+LayerNormalizationGrad, SoftmaxGrad_13, FusedMatMul, GatherGrad, ReluGrad,
+SigmoidGrad, TanhGrad, QuickGeluGrad, SoftmaxCrossEntropyLossGrad, Scale,
+LSTMGrad, GRUGrad, ...; ``x * Sigmoid(x)`` is first fused into QuickGelu, as
+ORT fuses it), and standard ONNX ops otherwise. With the same kernels ORT computes
 the same float32 gradients as on its own artifacts, bit for bit on the
 corpus's convolutional networks; docs/gradient-graph.md shows why that
 matters and why the rules are per node rather than JAX's backward pass
@@ -217,15 +218,6 @@ def _scalar(em: _Emitter, value: float, like: str) -> str:
     return em.const(value, em.elem_type(like))
 
 
-def _transpose_last2(em: _Emitter, node, x: str) -> str:
-    dims = em.dims(x)
-    if dims is None:
-        raise _error(node, f"has an input {x!r} of unknown rank")
-    perm = list(range(len(dims)))
-    perm[-2], perm[-1] = perm[-1], perm[-2]
-    return em.op("Transpose", [x], perm=perm)
-
-
 # --------------------------------------------------------------------------- the rules
 #
 # A rule gets the emitter, the node, the gradients of its outputs (None where an
@@ -296,8 +288,10 @@ def _sigmoid(em, node, dys, needs):
     return [out]
 
 
-def _tanh(em, x, y, dy):
-    return em.op("Mul", [dy, em.op("Sub", [_scalar(em, 1.0, y), em.op("Mul", [y, y])])])
+def _tanh(em, node, dys, needs):
+    out = em.name("TanhGrad")
+    _ms_node(em, "TanhGrad", [dys[0], node.output[0]], [out])
+    return [out]
 
 
 def _pow(em, node, dys, needs):
@@ -397,11 +391,17 @@ def _reduce(mean: bool) -> Callable:
 
 
 def _matmul(em, node, dys, needs):
+    # As ORT's builder: Gemm for 2-D operands; else FusedMatMul with a transposed operand,
+    # summed over the batch dimensions an operand was broadcast along, and a 2-D B's
+    # gradient as one Gemm of A and dY made 2-D.
     a, b = node.input
     dy = dys[0]
     sa, sb, sy = em.dims(a), em.dims(b), em.dims(node.output[0])
     if sa is None or sb is None or sy is None or len(sa) < 2 or len(sb) < 2:
         raise _error(node, "has a 1-D or unknown-rank input")
+    if len(sa) == 2 and len(sb) == 2:
+        return [em.op("Gemm", [dy, b], beta=0.0, transB=1) if needs[0] else None,
+                em.op("Gemm", [a, dy], beta=0.0, transA=1) if needs[1] else None]
 
     def batch_sum(full, x, sx):
         # Sum over the batch dimensions x was broadcast along (decided at run time
@@ -413,15 +413,15 @@ def _matmul(em, node, dys, needs):
 
     da = db = None
     if needs[0]:
-        da = batch_sum(em.op("MatMul", [dy, _transpose_last2(em, node, b)]), a, sa)
+        da = batch_sum(em.op("FusedMatMul", [dy, b], domain=_MS_DOMAIN, transB=1), a, sa)
     if needs[1]:
         if len(sb) == 2:
             # a: [..., m, k] -> [M, k]; dy: [..., m, n] -> [M, n]; db = a^T dy.
             a2 = em.op("Reshape", [a, em.op("Concat", [em.ints([-1]), _last_dim(em, a)], axis=0)])
             dy2 = em.op("Reshape", [dy, em.op("Concat", [em.ints([-1]), _last_dim(em, dy)], axis=0)])
-            db = em.op("MatMul", [em.op("Transpose", [a2], perm=[1, 0]), dy2])
+            db = em.op("Gemm", [a2, dy2], transA=1)
         else:
-            db = batch_sum(em.op("MatMul", [_transpose_last2(em, node, a), dy]), b, sb)
+            db = batch_sum(em.op("FusedMatMul", [a, dy], domain=_MS_DOMAIN, transA=1), b, sb)
     return [da, db]
 
 
@@ -562,22 +562,13 @@ def _axis(em, node, default: int) -> int:
 
 
 def _softmax(em, node, dys, needs):
-    # dx = y * (dy - sum(dy * y, axis))
+    # SoftmaxGrad_13(dY, Y): Y * (dY - sum(dY * Y, axis)); LogSoftmaxGrad_13 for LogSoftmax.
     if em.opset < 13:
-        raise _error(node, "is a Softmax of opset < 13 (the 2-D coerced form)")
-    y, dy = node.output[0], dys[0]
-    axis = em.ints([_axis(em, node, -1)])
-    total = em.op("ReduceSum", [em.op("Mul", [dy, y]), axis], keepdims=1)
-    return [em.op("Mul", [y, em.op("Sub", [dy, total])])]
-
-
-def _log_softmax(em, node, dys, needs):
-    # dx = dy - exp(y) * sum(dy, axis)
-    if em.opset < 13:
-        raise _error(node, "is a LogSoftmax of opset < 13 (the 2-D coerced form)")
-    y, dy = node.output[0], dys[0]
-    total = em.op("ReduceSum", [dy, em.ints([_axis(em, node, -1)])], keepdims=1)
-    return [em.op("Sub", [dy, em.op("Mul", [em.op("Exp", [y]), total])])]
+        raise _error(node, f"is a {node.op_type} of opset < 13 (the 2-D coerced form)")
+    _axis(em, node, -1)  # the input's rank must be known
+    out = em.name(f"{node.op_type}Grad_13")
+    _ms_node(em, f"{node.op_type}Grad_13", [dys[0], node.output[0]], [out], node.attribute)
+    return [out]
 
 
 def _erf(em, x, y, dy):
@@ -587,34 +578,10 @@ def _erf(em, x, y, dy):
 
 
 def _gather(em, node, dys, needs):
-    data, indices = node.input[:2]
-    if em.opset < 16:
-        raise _error(node, f"needs opset 16 or newer for its gradient (the model has {em.opset})")
-    axis = _axis(em, node, 0)
-    rank, index_rank = len(em.dims(data)), em.dims(indices)
-    if index_rank is None:
-        raise _error(node, "has indices of unknown rank")
-    index_rank = len(index_rank)
-    # Along axis 0, rows of dy add into the rows they were gathered from (an index may
-    # repeat); another axis is moved first, and back. Negative indices count from the end.
-    dy = dys[0]
-    to_front = [axis] + [i for i in range(rank) if i != axis]
-    if axis:
-        data_t = em.op("Transpose", [data], perm=to_front)
-        dy = em.op("Transpose", [dy], perm=list(range(axis, axis + index_rank)) + list(range(axis))
-                   + list(range(axis + index_rank, rank + index_rank - 1)))
-    else:
-        data_t = data
-    # Scalars, so that a scalar index keeps its rank.
-    rows = em.op("Gather", [em.op("Shape", [data]), em.const(np.int64(axis), TensorProto.INT64)])
-    index = em.op("Cast", [indices], to=TensorProto.INT64)
-    zero = em.const(np.int64(0), TensorProto.INT64)
-    index = em.op("Where", [em.op("Less", [index, zero]), em.op("Add", [index, rows]), index])
-    zeros = _filled(em, 0.0, data, shape=em.op("Shape", [data_t]))
-    dx = em.op("ScatterND", [zeros, em.op("Unsqueeze", [index, em.ints([-1])]), dy], reduction="add")
-    if axis:
-        dx = em.op("Transpose", [dx], perm=[int(i) for i in np.argsort(to_front)])
-    return [dx, None]
+    # GatherGrad(Shape(data), indices, dY): dY added where Gather read, repeated indices summed.
+    out = em.name("GatherGrad")
+    _ms_node(em, "GatherGrad", [em.op("Shape", [node.input[0]]), node.input[1], dys[0]], [out], node.attribute)
+    return [out, None]
 
 
 def _concat(em, node, dys, needs):
@@ -657,47 +624,27 @@ def _global_average_pool(em, node, dys, needs):
     return [em.op("Expand", [scaled, em.op("Shape", [x])])]
 
 
-def _mean_over(em, x: str, axes: Sequence[int]) -> str:
-    if em.opset >= 18:
-        return em.op("ReduceMean", [x, em.ints(axes)], keepdims=1)
-    return em.op("ReduceMean", [x], axes=list(axes), keepdims=1)
-
-
 def _layer_normalization(em, node, dys, needs):
-    # y = xhat * scale + bias, xhat = (x - mean) * invstd over the axes from `axis` on.
-    # dx = invstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * scale.
+    # LayerNormalizationGrad(dY, X, scale, Mean, InvStdDev) -> dX, dScale, dBias, the forward
+    # node gaining its Mean and InvStdDev outputs where it has none, as ORT's builder does.
     if any(d is not None for d in dys[1:]):
         raise _error(node, "has its Mean or InvStdDev output on the path to the loss")
     x, scale = node.input[:2]
-    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     dims = em.dims(x)
     if dims is None:
         raise _error(node, "has an input of unknown rank")
-    attrs = _attrs(node)
-    axis = int(attrs.get("axis", -1)) % len(dims)
-    eps = float(attrs.get("epsilon", 1e-5))
-    if int(attrs.get("stash_type", 1)) != 1 or em.elem_type(x) != TensorProto.FLOAT:
-        raise _error(node, "is not a float32 LayerNormalization")
-    axes = list(range(axis, len(dims)))
-    dy = dys[0]
-    centered = em.op("Sub", [x, _mean_over(em, x, axes)])
-    var = _mean_over(em, em.op("Mul", [centered, centered]), axes)
-    invstd = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [var, _scalar(em, eps, x)])])])
-    xhat = em.op("Mul", [centered, invstd])
-    out = [None] * len(node.input)
-    if needs[0]:
-        g = em.op("Mul", [dy, scale])
-        inner = em.op("Sub", [em.op("Sub", [g, _mean_over(em, g, axes)]),
-                              em.op("Mul", [xhat, _mean_over(em, em.op("Mul", [g, xhat]), axes)])])
-        out[0] = em.op("Mul", [invstd, inner])
-    for i, (param, value) in enumerate(((scale, lambda: em.op("Mul", [dy, xhat])), (bias, lambda: dy)), 1):
-        if param is None or not needs[i]:
-            continue
-        if em.dims(param) != dims[axis:]:
+    axis = int(_attrs(node).get("axis", -1)) % len(dims)
+    for i, param in enumerate(node.input[1:3], 1):
+        if param and needs[i] and em.dims(param) != dims[axis:]:
             raise _error(node, f"has a {'scale' if i == 1 else 'bias'} of shape {em.dims(param)}, "
                                f"not the normalized shape {dims[axis:]}")
-        out[i] = em.op("ReduceSum", [value(), em.ints(list(range(axis)))], keepdims=0) if axis else value()
-    return out
+    outputs = list(node.output) + [""] * (3 - len(node.output))
+    outputs = [o or em.name(what) for o, what in zip(outputs, ("Y", "Mean", "InvStdDev"))]
+    del node.output[:]
+    node.output.extend(outputs)
+    outs = [em.name("LayerNormalizationGrad") for _ in range(3)]
+    _ms_node(em, "LayerNormalizationGrad", [dys[0], x, scale, *outputs[1:3]], outs, node.attribute)
+    return [o if need else None for o, need in zip(outs, needs)]
 
 
 def _batch_norm_internal(em, node, dys, needs):
@@ -921,14 +868,14 @@ RULES: dict = {
     "Log": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, x])),
     "Sqrt": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, em.op("Mul", [_scalar(em, 2.0, y), y])])),
     "Reciprocal": _elementwise(lambda em, x, y, dy: em.op("Neg", [em.op("Mul", [dy, em.op("Mul", [y, y])])])),
-    "Relu": _relu, "Sigmoid": _sigmoid, "Tanh": _elementwise(_tanh),
+    "Relu": _relu, "Sigmoid": _sigmoid, "Tanh": _tanh,
     "Pow": _pow, "Identity": _identity, "Cast": _cast, "Dropout": _dropout,
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
     "ReduceSum": _reduce(mean=False), "ReduceMean": _reduce(mean=True),
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "MaxPool": _max_pool,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
-    "Softmax": _softmax, "LogSoftmax": _log_softmax, "Erf": _elementwise(_erf),
+    "Softmax": _softmax, "LogSoftmax": _softmax, "Erf": _elementwise(_erf),
     "Gather": _gather, "Concat": _concat, "Split": _split,
     "GlobalAveragePool": _global_average_pool, "LayerNormalization": _layer_normalization,
     "LSTM": _recurrent("LSTM"), "GRU": _recurrent("GRU"),
