@@ -612,18 +612,23 @@ def _ms_ops(model: onnx.ModelProto) -> dict:
     return counts
 
 
+def _ms_ops_of_corpus_model(case: str, tmp_path) -> tuple:
+    """:func:`_ms_ops` of the training model jaxort generates for a corpus model, and of ORT's."""
+    info = json.loads((MODELS / case / "case.json").read_text())
+    arts = generate_artifacts(MODELS / case / "model.onnx", requires_grad=info["requires_grad"],
+                              frozen_params=info["frozen_params"], loss=LossType[info["loss"]],
+                              optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    return _ms_ops(onnx.load(arts.training_model)), _ms_ops(onnx.load(MODELS / case / "training_model.onnx"))
+
+
 @pytest.mark.parametrize("case", ["efficientnet_b0", "mobilenet_v3_small", "resnet18"])
 def test_convolutional_networks_get_the_kernels_ort_writes(case, tmp_path):
     # ORT's own training models of the corpus (written by its generate_artifacts): the same
     # forward rewrites (BatchNormInternal, QuickGelu for x * Sigmoid(x)) and gradient kernels,
     # node for node. With them ORT trains jaxort's artifacts bit for bit as its own
     # (tools/ort_trains_jaxort_artifacts.py --models; docs/gradient-graph.md).
-    info = json.loads((MODELS / case / "case.json").read_text())
-    arts = generate_artifacts(MODELS / case / "model.onnx", requires_grad=info["requires_grad"],
-                              frozen_params=info["frozen_params"], loss=LossType[info["loss"]],
-                              optimizer=OptimType.AdamW, artifact_directory=tmp_path)
-    ours = _ms_ops(onnx.load(arts.training_model))
-    assert ours == _ms_ops(onnx.load(MODELS / case / "training_model.onnx"))
+    ours, theirs = _ms_ops_of_corpus_model(case, tmp_path)
+    assert ours == theirs
     assert ours["ConvGrad"] == sum(n.op_type == "Conv" for n in onnx.load(MODELS / case / "model.onnx").graph.node)
 
 
@@ -638,12 +643,7 @@ def test_transformers_get_the_kernels_ort_writes_but_for_its_fusions(case, tmp_p
     # LayerNormalizationGrad, SoftmaxGrad_13, FusedMatMul, GatherGrad, TanhGrad, ... as many
     # as in ORT's own training models. Kept apart, T5's RMSNorms have the Scale of their means,
     # GPT-2's tanh Gelus a TanhGrad each.
-    info = json.loads((MODELS / case / "case.json").read_text())
-    arts = generate_artifacts(MODELS / case / "model.onnx", requires_grad=info["requires_grad"],
-                              frozen_params=info["frozen_params"], loss=LossType[info["loss"]],
-                              optimizer=OptimType.AdamW, artifact_directory=tmp_path)
-    ours = _ms_ops(onnx.load(arts.training_model))
-    theirs = _ms_ops(onnx.load(MODELS / case / "training_model.onnx"))
+    ours, theirs = _ms_ops_of_corpus_model(case, tmp_path)
     unfused = {"t5": ("Scale", "SimplifiedLayerNormalizationGrad"), "gpt2": ("TanhGrad", "FastGeluGrad")}
     if case in unfused:
         ours_op, fused_op = unfused[case]
