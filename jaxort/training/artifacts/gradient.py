@@ -42,7 +42,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
 
-__all__ = ["MS_RULES", "RULES", "add_gradient_graph", "fuse_quick_gelu", "gradient_name", "to_batch_norm_internal"]
+__all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
 
 # The lowest default-domain opset the rules are written for (ReduceSum and
 # Unsqueeze take axes as an input from 13); MaxPool's needs 16 (ScatterElements
@@ -793,7 +793,7 @@ def to_batch_norm_internal(model: onnx.ModelProto) -> None:
         model.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
 
 
-def fuse_quick_gelu(model: onnx.ModelProto) -> None:
+def _fuse_quick_gelu(model: onnx.ModelProto) -> None:
     """Rewrites ``x * Sigmoid(x)`` and ``x * Sigmoid(alpha * x)`` as com.microsoft QuickGelu, in place.
 
     As ORT's generate_artifacts does before it builds the gradient graph (its
@@ -917,7 +917,9 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
     lazy_reset_grad)`` writes the buffer and outputs
     ``<param>_grad.accumulation.out``, appended to the graph outputs in
     ``trainable`` order. Forward nodes whose rule needs an optional output
-    (SoftmaxCrossEntropyLoss's log_prob, MaxPool's Indices) gain it.
+    (SoftmaxCrossEntropyLoss's log_prob, MaxPool's Indices, LayerNormalization's
+    Mean and InvStdDev) gain it, and ``x * Sigmoid(x)`` becomes com.microsoft
+    QuickGelu, as in ORT's training models.
 
     Raises:
       TrainingError: a node on the path from a trainable parameter to the
@@ -930,7 +932,7 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
                             f"{opset}, and the gradient rules need opset {MIN_OPSET} or newer")
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    fuse_quick_gelu(work)
+    _fuse_quick_gelu(work)
     em = _Emitter(work, _shapes(work), opset)
     forward = list(work.graph.node)
 
