@@ -98,8 +98,7 @@ class _Emitter:
     def static(self, name: str) -> Optional[np.ndarray]:
         """The value of an initializer or a Constant node's output, else None (indexed once)."""
         if self._constants is None:
-            self._constants = {t.name: t for t in self.model.graph.initializer}
-            self._constants.update({n.output[0]: n for n in self.model.graph.node if n.op_type == "Constant"})
+            self._constants = _constant_sources(self.model.graph)
         return _static(self._constants.get(name))
 
     def ints(self, values: Sequence[int]) -> str:
@@ -150,6 +149,13 @@ def _shapes(model: onnx.ModelProto) -> dict:
 
 def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _constant_sources(graph: onnx.GraphProto) -> dict:
+    """Value name -> the initializer or Constant node that holds it (read with :func:`_static`)."""
+    sources = {t.name: t for t in graph.initializer}
+    sources.update({n.output[0]: n for n in graph.node if n.op_type == "Constant"})
+    return sources
 
 
 def _static(source) -> Optional[np.ndarray]:
@@ -268,10 +274,15 @@ def _elementwise(fn: Callable) -> Callable:
     return rule
 
 
-def _relu(em, node, dys, needs):
-    out = em.name("ReluGrad")
-    _ms_node(em, "ReluGrad", [dys[0], node.output[0]], [out])
-    return [out]
+def _output_kernel(op_type: str) -> Callable:
+    """A rule writing ORT's ``op_type``(dY, Y), Y the node's output: ReluGrad, SigmoidGrad, TanhGrad."""
+
+    def rule(em, node, dys, needs):
+        out = em.name(op_type)
+        _ms_node(em, op_type, [dys[0], node.output[0]], [out])
+        return [out]
+
+    return rule
 
 
 def _ms_node(em: _Emitter, op_type: str, inputs: Sequence[str], outputs: Sequence[str], attrs=()) -> None:
@@ -280,18 +291,6 @@ def _ms_node(em: _Emitter, op_type: str, inputs: Sequence[str], outputs: Sequenc
                             domain=_MS_DOMAIN)
     node.attribute.extend(attrs)
     em.nodes.append(node)
-
-
-def _sigmoid(em, node, dys, needs):
-    out = em.name("SigmoidGrad")
-    _ms_node(em, "SigmoidGrad", [dys[0], node.output[0]], [out])
-    return [out]
-
-
-def _tanh(em, node, dys, needs):
-    out = em.name("TanhGrad")
-    _ms_node(em, "TanhGrad", [dys[0], node.output[0]], [out])
-    return [out]
 
 
 def _pow(em, node, dys, needs):
@@ -807,6 +806,7 @@ def _fuse_quick_gelu(model: onnx.ModelProto) -> None:
             readers[name] = readers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
     producer = {o: node for node in graph.node for o in node.output}
+    constants = _constant_sources(graph)
 
     def private(name: str) -> bool:
         return readers.get(name, 0) == 1 and name not in outputs
@@ -829,7 +829,7 @@ def _fuse_quick_gelu(model: onnx.ModelProto) -> None:
                 if not (default(scaled) and scaled.op_type == "Mul" and private(sigmoid.input[0])):
                     continue
                 p, q = scaled.input
-                value = _static_of(graph, q if p == x else p) if x in (p, q) else None
+                value = _static(constants.get(q if p == x else p)) if x in (p, q) else None
                 if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.floating):
                     continue
                 alpha = float(value.reshape(()))
@@ -848,17 +848,6 @@ def _fuse_quick_gelu(model: onnx.ModelProto) -> None:
             model.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
 
 
-def _static_of(graph: onnx.GraphProto, name: str) -> Optional[np.ndarray]:
-    """An initializer's or Constant node's value, else None."""
-    for init in graph.initializer:
-        if init.name == name:
-            return _static(init)
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output[0] == name:
-            return _static(node)
-    return None
-
-
 #: op type -> rule, for default-domain nodes on the path from a parameter to the loss.
 RULES: dict = {
     "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Sum": _sum,
@@ -868,7 +857,8 @@ RULES: dict = {
     "Log": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, x])),
     "Sqrt": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, em.op("Mul", [_scalar(em, 2.0, y), y])])),
     "Reciprocal": _elementwise(lambda em, x, y, dy: em.op("Neg", [em.op("Mul", [dy, em.op("Mul", [y, y])])])),
-    "Relu": _relu, "Sigmoid": _sigmoid, "Tanh": _tanh,
+    "Relu": _output_kernel("ReluGrad"), "Sigmoid": _output_kernel("SigmoidGrad"),
+    "Tanh": _output_kernel("TanhGrad"),
     "Pow": _pow, "Identity": _identity, "Cast": _cast, "Dropout": _dropout,
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
