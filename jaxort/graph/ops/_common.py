@@ -227,6 +227,29 @@ def tap_slices(kernel, strides, dilations, out):
                           for o, d, m, s in zip(offs, dilations, out, strides))
 
 
+def stacked_taps(x, kernel, strides, dilations, out, spatial, axis):
+    """The strided slice of ``x`` under every kernel tap, stacked at ``axis`` as one axis per kernel dimension.
+
+    ``x``'s spatial axes start at ``spatial``; the result has the kernel's
+    axes (row-major taps) at ``axis`` (counted in the result), followed by
+    the remaining axes of the slices. The taps are stacked one kernel axis
+    at a time: XLA's CPU compiler fuses a concatenation of at most 8
+    operands with the slices it reads into one loop and leaves larger ones
+    as a copy per slice plus one concatenation. Stacked this way, a 7x7
+    kernel is one loop instead of 50 (ResNet-18's stem forward: 273 ->
+    105 us on one core), a 3x3 one instead of 10.
+    """
+    lead = (slice(None),) * spatial
+
+    def stack(offs):
+        if len(offs) == len(kernel):
+            return x[lead + tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                                  for o, d, m, s in zip(offs, dilations, out, strides))]
+        return jnp.stack([stack(offs + (k,)) for k in range(kernel[len(offs)])], axis=axis)
+
+    return stack(())
+
+
 # Windows of at most this many taps take the tap forms of Conv and MaxPool on CPU.
 MAX_TAPS = 64
 

@@ -24,6 +24,7 @@ from jaxort.graph.ops._common import (
     per_axis,
     requantize,
     spatial_attrs,
+    stacked_taps,
     sum_tangents,
     tap_slices,
 )
@@ -67,9 +68,7 @@ def _conv_columns(x, w, spec):
     xp = jnp.pad(x, ((0, 0), (0, 0)) + padding)
     # (group, cg, n, *padded) so that every slice below is already in column order
     xt = jnp.moveaxis(jnp.reshape(xp, (n, group, cg) + xp.shape[2:]), 0, 2)
-    lead = (slice(None),) * 3
-    cols = jnp.stack([xt[lead + sl] for _, sl in tap_slices(w.shape[2:], strides, dilations, out)],
-                     axis=2)
+    cols = stacked_taps(xt, w.shape[2:], strides, dilations, out, spatial=3, axis=2)
     cols = jnp.reshape(cols, (group, cg * taps, n * math.prod(out)))
     wm = jnp.reshape(w, (group, m, cg * taps))
     y = lax.dot_general(wm, cols, (((2,), (1,)), ((0,), (0,))))  # (group, m, n * positions)
@@ -90,8 +89,7 @@ def _conv_columns_last(x, w, spec):
     n, c = x.shape[:2]
     taps = math.prod(w.shape[2:])
     xt = jnp.moveaxis(jnp.pad(x, ((0, 0), (0, 0)) + padding), 1, -1)
-    cols = jnp.stack([xt[(slice(None),) + sl] for _, sl in tap_slices(w.shape[2:], strides, dilations, out)],
-                     axis=-2)
+    cols = stacked_taps(xt, w.shape[2:], strides, dilations, out, spatial=1, axis=1 + len(out))
     cols = jnp.reshape(cols, (n,) + out + (taps * c,))
     wm = jnp.reshape(jnp.moveaxis(w, 1, -1), (w.shape[0], taps * c))
     y = lax.dot_general(cols, wm, (((cols.ndim - 1,), (1,)), ((), ())))  # (n, *out, m)

@@ -370,3 +370,17 @@ def test_a_large_stride_1_conv_keeps_xla_filter_gradient_on_cpu():
     assert "stablehlo.convolution" not in forward
     grad = jax.jit(jax.grad(lambda x, w, b: jnp.sum(f(x, w, b) ** 2), argnums=1))
     assert "stablehlo.convolution" in export.export(grad, platforms=["cpu"])(*args).mlir_module()
+
+
+@pytest.mark.parametrize("form", ["columns", "columns_last"])
+def test_the_columns_of_a_large_kernel_compile_to_a_few_loops(form):
+    # XLA's CPU compiler fuses a concatenation of at most 8 operands with the slices
+    # it reads; the 49 taps of a 7x7 kernel stacked at once compile to a copy per tap
+    # and a concatenation (~52 thunks), stacked one kernel axis at a time to one loop.
+    # Their values against the reference are checked above (COLUMN_CASES).
+    x, w = jnp.zeros((8, 3, 32, 32), jnp.float32), jnp.zeros((3, 3, 7, 7), jnp.float32)
+    spec = ((2, 2), (1, 1), ((3, 3), (3, 3)), 1, (16, 16))
+    text = jax.jit(lambda x, w: conv_ops._FORMS[form](x, w, spec)).lower(x, w).compile().as_text()
+    entry = text[text.index("\nENTRY"):]
+    fusions = entry.count(" fusion(")
+    assert 0 < fusions <= 6, f"{fusions} fusions in the compiled {form} form"
