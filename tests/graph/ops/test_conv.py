@@ -192,6 +192,7 @@ COLUMN_CASES = [
     ((1, 4, 9, 7), (8, 2, 3, 2), dict(group=2, strides=[2, 1], dilations=[1, 2])),
     ((2, 2, 11), (3, 2, 3), dict(auto_pad="SAME_UPPER", strides=[2])),
     ((1, 2, 5, 6, 6), (2, 1, 2, 3, 3), dict(group=2, pads=[0, 1, 1, 1, 1, 0])),
+    ((2, 12, 6, 6), (5, 12, 3, 3), dict(pads=[1, 1, 1, 1])),  # many channels: the filter gradient only
 ]
 COLUMN_IDS = [f"columns-{i}" for i in range(len(COLUMN_CASES))]
 
@@ -285,6 +286,12 @@ def test_the_large_cases_take_the_plans_they_test():
     depthwise = conv_ops._cpu_plan(jnp.zeros((8, 48, 16, 16)), jnp.zeros((48, 1, 3, 3)),
                                    _spec((8, 48, 16, 16), (48, 1, 3, 3), dict(group=48, strides=[2, 2])), None)
     assert depthwise == conv_ops._Plan("columns", "columns", "columns", fence_output_grad=True)
+    # Many input channels, stride 1: XLA's convolution but for a small one's filter gradient.
+    xs, ws, attrs = COLUMN_CASES[-1]
+    assert conv_ops._cpu_plan(jnp.zeros(xs), jnp.zeros(ws), _spec(xs, ws, attrs), None) == \
+        conv_ops._Plan("xla", "xla", "columns")
+    assert conv_ops._cpu_plan(jnp.zeros((8, 12, 48, 48)), jnp.zeros((5, 12, 3, 3)),
+                              _spec((8, 12, 48, 48), (5, 12, 3, 3), {}), None) is None
 
 
 @pytest.mark.parametrize("form", ["columns", "columns_last", "taps"])
