@@ -216,15 +216,19 @@ def auto_pads(in_sp, eff_k, strides, auto_pad, pads):
     return [(pads[i], pads[i + n]) for i in range(n)]
 
 
-def tap_slices(kernel, strides, dilations, out):
-    """For each kernel tap in row-major order: its offsets and the strided slice it reads.
+def tap_slice(offs, strides, dilations, out) -> tuple:
+    """The strided slice kernel tap ``offs`` reads of the padded spatial axes.
 
-    Tap ``offs`` of a window reads, along each spatial axis, the padded input
-    at ``offs * dilation + m * stride`` for output positions ``m < out``.
+    Along each spatial axis, the padded input at ``offs * dilation + m *
+    stride`` for output positions ``m < out``.
     """
+    return tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in zip(offs, dilations, out, strides))
+
+
+def tap_slices(kernel, strides, dilations, out):
+    """For each kernel tap in row-major order: its offsets and the strided slice it reads (:func:`tap_slice`)."""
     for offs in itertools.product(*[range(k) for k in kernel]):
-        yield offs, tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
-                          for o, d, m, s in zip(offs, dilations, out, strides))
+        yield offs, tap_slice(offs, strides, dilations, out)
 
 
 def stacked_taps(x, kernel, strides, dilations, out, spatial, axis):
@@ -243,8 +247,7 @@ def stacked_taps(x, kernel, strides, dilations, out, spatial, axis):
 
     def stack(offs):
         if len(offs) == len(kernel):
-            return x[lead + tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
-                                  for o, d, m, s in zip(offs, dilations, out, strides))]
+            return x[lead + tap_slice(offs, strides, dilations, out)]
         return jnp.stack([stack(offs + (k,)) for k in range(kernel[len(offs)])], axis=axis)
 
     return stack(())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 
 import jax
@@ -53,9 +52,8 @@ def _window_count(in_sp, kernel, strides, dilations, padding, extra, include_pad
     mask = np.pad(np.ones(tuple(in_sp)), tuple(padding), constant_values=1 if include_pad else 0)
     mask = np.pad(mask, [(0, e) for e in extra])
     count = np.zeros(tuple(out))
-    for offs in itertools.product(*[range(k) for k in kernel]):
-        count += mask[tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
-                            for o, d, m, s in zip(offs, dilations, out, strides))]
+    for _, sl in tap_slices(kernel, strides, dilations, out):
+        count += mask[sl]
     return count
 
 
@@ -140,9 +138,7 @@ def _max_pool_indices(x, kernel, strides, dilations, out, full_pad, storage_orde
     in_sp = x.shape[2:]
     xp = jnp.pad(x, ((0, 0), (0, 0)) + tuple(full_pad), constant_values=lowest_value(x.dtype))
     patches, positions = [], []
-    for offs in itertools.product(*[range(k) for k in kernel]):
-        sl = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
-                   for o, d, m, s in zip(offs, dilations, out, strides))
+    for offs, sl in tap_slices(kernel, strides, dilations, out):
         patches.append(xp[(slice(None), slice(None)) + sl])
         # Input coordinate of this kernel tap for every output position.
         coords = [np.arange(m) * s + o * d - lo
