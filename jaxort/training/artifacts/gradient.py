@@ -41,6 +41,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
+from jaxort.graph.ops._common import auto_pads
 
 __all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
 
@@ -505,13 +506,9 @@ def _same_pads(em, node, auto_pad: str) -> list:
     attrs = _attrs(node)
     kernel = list(attrs.get("kernel_shape", sw[2:]))
     strides, dilations = list(attrs.get("strides", [1] * n)), list(attrs.get("dilations", [1] * n))
-    begins, ends = [], []
-    for size, k, stride, dilation in zip(sx[2:], kernel, strides, dilations):
-        total = max(0, (-(-size // stride) - 1) * stride + (k - 1) * dilation + 1 - size)
-        small, big = total // 2, total - total // 2
-        begins.append(small if auto_pad == "SAME_UPPER" else big)
-        ends.append(big if auto_pad == "SAME_UPPER" else small)
-    return begins + ends
+    effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    pairs = auto_pads(list(sx[2:]), effective, strides, auto_pad, None)
+    return [lo for lo, _ in pairs] + [hi for _, hi in pairs]
 
 
 def _max_pool(em, node, dys, needs):
