@@ -32,6 +32,7 @@ from onnx import helper, numpy_helper
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, JaxortError, ModelError, OpError, UnsupportedOpError
 from jaxort.graph import _registry
+from jaxort.graph._host_memory import settle_allocator
 from jaxort.graph._model import ModelSource, load_model
 from jaxort.graph._values import NodeKey, OpContext, is_static
 
@@ -670,6 +671,7 @@ class JaxGraph:
         check: bool = True,
         fuse: bool = True,
     ):
+        settle_allocator()  # before any step of this graph is compiled and run: see _host_memory
         self.model = load_model(model, check=check)
         graph = self.model.graph
         self.opsets = {}
