@@ -10,10 +10,12 @@ block's size (at most 32 MiB on 64-bit systems) and the trim threshold to
 twice that. A process whose largest freed block so far was small keeps low
 thresholds, and a step whose temporaries outgrow them is trimmed after every
 call and faults its memory back in, page by page, on the next. Measured
-(one core, jaxort.api on ORT's artifacts): ResNet-18 at widths 3-24 took
-~260 page faults (~1 MiB) and 1.20 ms a step in the processes that hit it,
-0 and 1.00 ms in those that did not; the same program, which of the two a
-run got depended on what the process had allocated before.
+(one core, jaxort.api on ORT's artifacts, processes alternated): ResNet-18
+at widths 3-24 took 57-307 minor page faults and 1.08-1.30 ms a step in the
+processes that hit it, 0 and 0.99-1.03 ms in those that did not; the same
+program, which of the two a run got depended on what the process had
+allocated and freed before (docs/benchmarks.md, "Page faults from the C
+allocator").
 
 :func:`settle_allocator` allocates and frees one block just under 32 MiB,
 once per process, before the first compiled step: glibc then moves both
