@@ -436,17 +436,17 @@ CASES = {
 COVERED_OPS = set(CASES)
 
 
+_ORT_1_19 = ort is not None and ort.__version__.startswith("1.19.")
+
+
 def _ort_skip_reason(op, case):
     if not CASES[op][4]:
         return f"onnxruntime's CPU provider has no {op} kernel"
     if op == "FusedGemm" and case.inputs[0].dtype == F16:
         return "onnxruntime's float16 FusedGemm fuses only Relu, LeakyRelu and Tanh"
     if op == "SkipSimplifiedLayerNormalization" and case.inputs[3] is not None and _ORT_1_19:
-        return "onnxruntime 1.19's kernel ignores the bias (test_onnxruntime_1_19_ignores_the_bias)"
+        return "onnxruntime 1.19's kernel ignores the bias (test_onnxruntime_1_19_ignores_the_bias_of_skip_simplified_layer_norm)"
     return None
-
-
-_ORT_1_19 = ort is not None and ort.__version__.startswith("1.19.")
 
 
 @pytest.mark.skipif(not _ORT_1_19, reason="pins a bug of onnxruntime 1.19 (1.32 adds the bias)")
