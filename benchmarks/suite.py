@@ -539,6 +539,18 @@ def _add_ratios(config):
                     config["ratios"][f"{a}/{b}:{phase}"] = r
 
 
+def _cpu_model() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), else what ``platform`` knows of it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _versions():
     import importlib.metadata as md
 
@@ -583,7 +595,8 @@ def main(argv=None) -> int:
     names = args.workloads.split(",") if args.workloads else cfg["workloads"]
     os.makedirs(CACHE, exist_ok=True)
     wall = time.perf_counter()
-    report = {"mode": mode, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+    report = {"mode": mode, "machine": {"cpus": os.cpu_count(), "cpu": _cpu_model(),
+                                        "python": platform.python_version(),
                                         "platform": platform.machine(), "versions": _versions()},
               "settings": {k: cfg[k] for k in ("rounds", "chunk", "warmup", "checkpoint_mb", "soak_steps", "skip_pinned")},
               "configs": []}
@@ -642,7 +655,8 @@ def markdown(report) -> str:
              + (f"The pinned runs leave out {', '.join(LABELS[n] for n in report['settings']['skip_pinned'])} "
                 "(to keep the mode short). "
                 if report["settings"].get("skip_pinned") else "")
-             + f"{report['machine']['cpus']} CPUs; versions: "
+             + f"{report['machine']['cpus']} CPUs"
+             + (f" ({report['machine']['cpu']})" if report["machine"].get("cpu") else "") + "; versions: "
              + ", ".join(f"{k} {v}" for k, v in report["machine"]["versions"].items()) + ".", ""]
     present = [s for s in SYSTEMS if any(s in c["systems"] for c in report["configs"])]
     for threads in dict.fromkeys(c["threads"] for c in report["configs"]):

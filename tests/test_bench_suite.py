@@ -4,7 +4,8 @@ Runs W5 for a few seconds in a subprocess and checks what the suite reports,
 never how fast anything is: every system trains the same model from the same
 weights, so their first losses must agree with the hand-written JAX network's;
 each ratio must be the median of the per-round ratios of the two systems'
-figures; the checkpoint and soak sections must hold finite positive numbers.
+figures; the checkpoint and soak sections must hold finite positive numbers;
+the table names the processor.
 """
 
 from __future__ import annotations
@@ -67,3 +68,6 @@ def test_checkpoint_soak_and_table(smoke):
     steps = [row[0] for row in soak["rss_mb"]]
     assert steps == sorted(steps) and steps[-1] <= soak["steps"]
     assert "Train steps/s" in table and "W5" in table
+    # Results differ from one processor to another: the table says which one made them.
+    cpu = result["machine"]["cpu"]
+    assert isinstance(cpu, str) and cpu and f"CPUs ({cpu})" in table
