@@ -287,3 +287,28 @@ def _check_resume_from_ort_checkpoint(live, case):
     for name in resumed_state.parameters.keys():
         np.testing.assert_allclose(resumed_state.parameters[name].data, live.param(name),
                                    **_tol(manifest, "params_after"), err_msg=name)
+
+
+def test_replay_with_synchronous_cpu_dispatch():
+    """The README's advice for small models: with JAX's async CPU dispatch off, ORT's numbers still.
+
+    In a fresh interpreter (the setting is read when JAX creates its CPU
+    client), both facades replay two golden trajectories.
+    """
+    import subprocess
+    import sys
+
+    code = "\n".join([
+        "import importlib.util, jax",
+        "jax.config.update('jax_cpu_enable_async_dispatch', False)",
+        f"spec = importlib.util.spec_from_file_location('replay', {str(pathlib.Path(__file__))!r})",
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)",
+        "for case in ('mlp_adamw', 'cnn_bce'):",
+        "    m._replay(m._ApiDriver(m.GOLDEN / case), case)",
+        "    m._replay(m._SessionDriver(m.GOLDEN / case), case)",
+        "assert jax.config.values['jax_cpu_enable_async_dispatch'] is False",
+        "print('replayed')",
+    ])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["replayed"]
