@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from suite import _summary  # the suite's median (min-max) figure; both are scripts in this folder
+from suite import _cpu_model, _summary  # as the suite reports them; both are scripts in this folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "models")
@@ -117,8 +117,11 @@ def run_model(name: str, threads: str, rounds: int, time_slice: float, warmup: i
 
 
 def markdown(report: dict) -> str:
-    lines = ["| model | threads | jaxort.api steps/s | ORT steps/s | api ÷ ORT (min-max) |",
-             "|---|---|---|---|---|"]
+    machine = report.get("machine")
+    lines = ([f"{machine['cpus']} CPUs ({machine['cpu']}), {report['rounds']} rounds of {report['slice_s']} s "
+              "per system.", ""] if machine else [])
+    lines += ["| model | threads | jaxort.api steps/s | ORT steps/s | api ÷ ORT (min-max) |",
+              "|---|---|---|---|---|"]
     for c in report["configs"]:
         api = c["systems"]["api_ort"]["train_steps_per_s"]["median"]
         ort = c["systems"].get("ort", {}).get("train_steps_per_s", {}).get("median")
@@ -147,7 +150,8 @@ def main(argv=None) -> int:
     unknown = sorted(set(names) - set(corpus()))
     if unknown:
         p.error(f"not in the corpus: {', '.join(unknown)} (it has {', '.join(corpus())})")
-    report = {"rounds": args.rounds, "slice_s": args.time_slice, "configs": []}
+    report = {"rounds": args.rounds, "slice_s": args.time_slice,
+              "machine": {"cpus": os.cpu_count(), "cpu": _cpu_model()}, "configs": []}
     for threads in (["default", "1"] if args.threads == "both" else [args.threads]):
         for name in names:
             print(f"== {name} threads={threads}", file=sys.stderr, flush=True)

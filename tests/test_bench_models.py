@@ -43,6 +43,9 @@ def test_a_model_run_starts_from_orts_recorded_loss_and_reports_its_rounds(bench
     assert figures["min"] <= figures["median"] <= figures["max"]
     table = bench.markdown({"configs": [result]})
     assert "| lstm | default |" in table
+    named = bench.markdown({"configs": [result], "rounds": 2, "slice_s": 0.02,
+                            "machine": {"cpus": 2, "cpu": "Some CPU"}})
+    assert named.startswith("2 CPUs (Some CPU), 2 rounds of 0.02 s per system.") and named.endswith(table)
     if "ort" in result["systems"]:  # where onnxruntime-training is importable
         pairs = [a / o for a, o in zip(api["rounds"], result["systems"]["ort"]["rounds"])]
         assert result["api_ort/ort"]["median"] == pytest.approx(float(np.median(pairs)))
