@@ -265,6 +265,31 @@ def test_mismatched_input_dtypes_are_refused_naming_the_given_dtype(batch):
     np.testing.assert_allclose(module(x.tolist(), y.tolist()), module(x, y) - 0 * expected, rtol=1e-5)
 
 
+def test_inputs_are_checked_in_full_after_batches_that_passed(batch):
+    # A batch of the same types, dtypes and shapes as one that passed skips
+    # the per-input checks: every other batch must still meet them.
+    import jax
+
+    _, module = _module()
+    x, y = batch
+    for _ in range(3):
+        module(x, y)
+    bad = [((x.astype(np.float64), y), r"input 'input': expected dtype float32, given float64"),
+           ((x, y.astype(np.int32)), r"input 'labels': expected dtype int64, given int32"),
+           ((x[:, :3], y), r"input 'input': expected shape \['batch', 12\] dtype float32, given shape \[4, 3\]"),
+           ((x[None], y), r"input 'input': expected shape \['batch', 12\].* given shape \[1, 4, 12\]"),
+           ((x, np.full_like(y, 3)), r"input 'labels' has 4 class label\(s\) out of range"),
+           ((x, y, y), r"takes 2 inputs \['input', 'labels'\], given 3")]
+    for inputs, message in bad:
+        with pytest.raises(errors.InputError, match=message):
+            module(*inputs)
+    # Other forms of the same batch take the same step as the numpy arrays.
+    expected = [module(x, y) for _ in range(2)]
+    state2, module2 = _module()
+    got = [module2(x.tolist(), y.tolist()), module2(jax.numpy.asarray(x), y)]
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
 def test_jaxgraph_refuses_a_numpy_float64_for_a_float32_input():
     graph = JaxGraph(str(CASE / "model.onnx"))
     x = np.ones((2, 12))

@@ -26,6 +26,8 @@ __all__ = ["LinearLRScheduler", "Module", "Optimizer"]
 
 PathLike = Union[str, os.PathLike]
 
+_OWNER_MESSAGE = "the CheckpointState is now used by another Module"
+
 
 class Module:
     """Runs the training and eval steps of ORT Training artifacts with JAX.
@@ -84,7 +86,7 @@ class Module:
         deferred ones first.
         """
         return self._state.cell.run(fn, owner=self, optimizer=optimizer, deferring=deferring,
-                                    owner_message="the CheckpointState is now used by another Module")
+                                    owner_message=_OWNER_MESSAGE)
 
     def __call__(self, *user_inputs) -> Union[np.ndarray, tuple[np.ndarray, ...]]:
         """Runs a train step (training mode) or an eval step (eval mode).
@@ -101,13 +103,15 @@ class Module:
           InputError: wrong inputs.
           StateError: eval mode without an eval model; nominal state.
         """
-        if all(type(x) is np.ndarray for x in user_inputs):
-            ort_values, inputs = [], user_inputs  # the common case
-        else:
-            ort_values = [_is_ort_value(x) for x in user_inputs]
-            inputs = tuple(x.numpy() if is_value else x for x, is_value in zip(user_inputs, ort_values))
+        ort_values, inputs = (), user_inputs
+        for x in user_inputs:
+            if type(x) is not np.ndarray:
+                ort_values = [_is_ort_value(x) for x in user_inputs]
+                inputs = tuple(x.numpy() if is_value else x for x, is_value in zip(user_inputs, ort_values))
+                break
         if self.training:
-            outputs = self._run(lambda st: st.train_step(inputs), deferring=True)
+            outputs = self._state.cell.run(lambda st: st.train_step(inputs), owner=self, deferring=True,
+                                           owner_message=_OWNER_MESSAGE)
         else:
             outputs = self._run(lambda st: st.eval_step(inputs))
         if ort_values and all(ort_values):
@@ -125,7 +129,7 @@ class Module:
 
     def lazy_reset_grad(self) -> None:
         """Makes the next train step overwrite the gradients instead of adding to them."""
-        self._run(lambda st: st.lazy_reset_grad(), deferring=True)
+        self._state.cell.run(_lazy_reset_grad, owner=self, deferring=True, owner_message=_OWNER_MESSAGE)
 
     def get_contiguous_parameters(self, trainable_only: bool = False) -> OrtValue:
         """The parameters as one float32 vector, in the training model's input order.
@@ -250,7 +254,9 @@ class Optimizer:
           StateError: no train step has run yet (ORT 1.19.2 would step on
             zero gradients).
         """
-        self._module._run(lambda st: st.optimizer_step(), optimizer=self, deferring=True)
+        module = self._module
+        module._state.cell.run(_optimizer_step, owner=module, optimizer=self, deferring=True,
+                               owner_message=_OWNER_MESSAGE)
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next steps."""
@@ -300,6 +306,16 @@ class LinearLRScheduler:
         """Recomputes the learning rate from the optimizer's step count."""
         self._optimizer._module._run(lambda st: st.scheduler_step(), optimizer=self._optimizer,
                                      deferring=True)
+
+
+# The steps of a training loop, as plain functions: ``Module._run`` would
+# add a call and a closure to each (see SessionCell.run).
+def _lazy_reset_grad(st):
+    return st.lazy_reset_grad()
+
+
+def _optimizer_step(st):
+    return st.optimizer_step()
 
 
 def _uri(uri: Any) -> Optional[Any]:

@@ -153,6 +153,8 @@ class TrainProgram:
         self._jit_fused = jax.jit(self._fused_core, donate_argnums=0)
         self._jits: dict = {}
         self._jits_lock = threading.Lock()
+        # (packing, schedule, flags) -> (compiled "after" step, its flag arguments); read without the lock.
+        self._after_calls: dict = {}
 
     # ------------------------------------------------------------------ building
 
@@ -755,10 +757,21 @@ class TrainProgram:
             raise TrainingError("this program has no optimizer model")
         if schedule_step and schedule is None:
             raise TrainingError("schedule_step needs a schedule")
-        inputs = self.check_inputs(inputs)
-        if isinstance(state, PackedState):
-            fn = self._packed_jit("after", state.packing, schedule, overwrite=bool(reset_grad))
-            return fn(state, *self._after_flags(optimizer_step, learning_rate, schedule_step), *inputs)
+        inputs = self._train_inputs.check(inputs)
+        if type(state) is PackedState:
+            # The facades' loop runs this on every step: one cache lookup for
+            # the compiled program and its flag arguments.
+            key = (state.packing, schedule, bool(reset_grad), bool(optimizer_step), learning_rate is None,
+                   bool(schedule_step))
+            hit = self._after_calls.get(key)
+            if hit is None:
+                fn = self._packed_jit("after", state.packing, schedule, overwrite=bool(reset_grad))
+                hit = self._after_calls.setdefault(key, (fn, self._after_flags(optimizer_step, None,
+                                                                               schedule_step)))
+            fn, flags = hit
+            if learning_rate is not None:
+                flags = self._after_flags(optimizer_step, learning_rate, schedule_step)
+            return fn(state, *flags, *inputs)
         if placement_of(state) is not None:
             # On a mesh the calls run one by one, each with the state's shardings.
             if optimizer_step:
@@ -1012,15 +1025,27 @@ class _InputChecker:
         self._model, self._info, self._layout = model, info, layout
         self._traced_counts: dict = {}
         self._lock = threading.Lock()
+        # Signatures (type, dtype, shape of each input) that passed the checks
+        # of _check_input unchanged: a batch like the previous ones skips them.
+        self._passed: set = set()
 
     def check(self, inputs: tuple) -> tuple:
         if len(inputs) != len(self.names):
             raise InputError(f"the model takes {len(self.names)} inputs {list(self.names)}, "
                              f"given {len(inputs)}")
-        out = tuple(_check_input(spec, x) for spec, x in zip(self.specs, inputs))
+        try:
+            signature = tuple([(type(x), x.dtype, x.shape) for x in inputs])
+        except AttributeError:  # a list or a scalar: checked (and converted) below
+            signature = None
+        if signature is None or signature not in self._passed:
+            out = tuple(_check_input(spec, x) for spec, x in zip(self.specs, inputs))
+            if signature is not None and len(self._passed) < _PASSED_SIGNATURES and \
+                    all(o is x for o, x in zip(out, inputs)):
+                self._passed.add(signature)
+            inputs = out
         if self.labels:
-            self._check_labels(out)
-        return out
+            self._check_labels(inputs)
+        return inputs
 
     def _check_labels(self, inputs: tuple) -> None:
         for name, scores, ignore in self.labels:
@@ -1030,7 +1055,8 @@ class _InputChecker:
             count = self._counts.get(scores) or self._traced_count(scores, inputs)
             if count is None:
                 continue
-            labels = np.asarray(labels)
+            if type(labels) is not np.ndarray:
+                labels = np.asarray(labels)
             # One reduction settles the common case (every label valid) at a
             # fraction of the cost of the masks below, which name the culprits.
             if labels.size == 0 or _all_below(labels, count):
@@ -1075,6 +1101,9 @@ class _InputChecker:
 
 _UNSIGNED = {np.dtype(f"int{8 * n}"): np.dtype(f"uint{8 * n}") for n in (1, 2, 4, 8)}
 
+
+# How many input signatures an _InputChecker remembers as checked.
+_PASSED_SIGNATURES = 64
 
 # Up to this many labels, _all_below takes their maximum in Python.
 _LIST_LABELS = 64

@@ -239,24 +239,31 @@ class SessionCell:
           StateError: the cell is closed; ``owner`` or ``optimizer`` no longer drives the state;
             and whatever ``fn`` raises (the value then stays as it was).
         """
+        # Every facade step is three of these: the checks that pass are
+        # inlined (each method call between two compiled steps costs a few
+        # microseconds; see "The facades' Python" in docs/benchmarks.md).
         with self._lock:
-            self._require_open()
+            if self._closed is not None:
+                raise StateError(self._closed)
             st = self._value
-            if not deferring:
+            if not deferring and st.pending:
                 st = self._value = st.flushed()
             if owner is not None:
-                if owner_message is None:
-                    st.require_owner(owner)
-                else:
-                    st.require_owner(owner, owner_message)
-                st = self._value = st.follow_seed()
-            if optimizer is not None:
+                if st.owner is not owner:
+                    if owner_message is None:
+                        st.require_owner(owner)
+                    else:
+                        st.require_owner(owner, owner_message)
+                if PROCESS_SEED._generation != st.seed_generation:
+                    st = self._value = st.follow_seed()
+            if optimizer is not None and st.optimizer_owner is not optimizer:
                 st.require_optimizer_owner(optimizer)
             out = fn(st)
-            if isinstance(out, SessionState):
+            cls = type(out)
+            if cls is SessionState:
                 self._value = out
                 return None
-            if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], SessionState):
+            if cls is tuple and len(out) == 2 and type(out[0]) is SessionState:
                 self._value, result = out
                 return result
             return out
@@ -337,9 +344,8 @@ class SessionState:
         # Three replacements run per facade step; dataclasses.replace costs
         # ~10 us each here (it reads every field), a dict copy ~1 us. No
         # field has a __post_init__ or an init=False default to honour.
-        unknown = changes.keys() - _SESSION_FIELDS
-        if unknown:
-            raise TypeError(f"SessionState has no field(s) {sorted(unknown)}")
+        if not changes.keys() <= _SESSION_FIELDS:
+            raise TypeError(f"SessionState has no field(s) {sorted(changes.keys() - _SESSION_FIELDS)}")
         new = object.__new__(SessionState)
         new.__dict__.update(self.__dict__)
         new.__dict__.update(changes)
@@ -602,11 +608,14 @@ class SessionState:
         accumulates gradients over several steps (a step that overwrites
         them, after a lazy reset or as the first, does not read them).
         """
-        st = self._live("packed")
-        args = _host_inputs(inputs, self.program.input_names, "the training model")
-        pending = self.pending
-        st, outputs = self.program.train_step_after(
-            st, *args, optimizer_step="optimizer" in pending,
+        st = self.train
+        if type(st) is not PackedState:
+            st = self._live("packed")
+        program, pending = self.program, self.pending
+        if len(inputs) != len(program.input_names):
+            _host_inputs(inputs, program.input_names, "the training model")  # raises
+        st, outputs = program.train_step_after(
+            st, *inputs, optimizer_step="optimizer" in pending,
             learning_rate=self.pending_learning_rate if "lr" in pending else None, schedule=self.schedule,
             schedule_step="schedule" in pending,
             reset_grad="reset" in pending or not self.accumulating)
@@ -626,9 +635,13 @@ class SessionState:
         first (:meth:`flushed`; :class:`SessionCell` does it), so no call
         can tell a deferred call from one run at once.
         """
-        order = _DEFERRED.index(call)
         if not self.pending:
+            if call not in _DEFERRED:
+                raise ValueError(f"cannot defer {call!r}: one of {_DEFERRED}")
             return self.replace(pending=(call,))
+        if call == "reset":  # commutes with the others: last in _DEFERRED's order
+            return self if "reset" in self.pending else self.replace(pending=self.pending + ("reset",))
+        order = _DEFERRED.index(call)
         st = self
         if call != "reset" and any(_DEFERRED.index(p) >= order for p in self.pending if p != "reset"):
             st = self.flushed()
@@ -665,7 +678,8 @@ class SessionState:
 
     def lazy_reset_grad(self) -> "SessionState":
         """The next train step overwrites the gradients instead of adding to them (deferred to it)."""
-        self._live("as is")
+        if self.train is None:
+            self._live("as is")
         return self.defer("reset")
 
     def optimizer_step(self) -> "SessionState":
@@ -675,7 +689,8 @@ class SessionState:
           StateError: no optimizer, or no train step yet in this session
             (ORT 1.19.2 would step on zero gradients).
         """
-        self._live("as is")
+        if self.train is None:
+            self._live("as is")
         if not self.program.has_optimizer:
             raise StateError("No optimizer model was provided: an optimizer step needs the session to be "
                              "created with an optimizer model")
