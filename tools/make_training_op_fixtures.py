@@ -399,6 +399,22 @@ def _cases() -> list:
          ["loss", "log_prob"], {"reduction": "none"}),
         # The gradient ops jaxort's generate_artifacts writes where ORT's gradient builder does.
         *_gradient_cases(f32),
+        *_leaky_relu_grad_cases(),
+    ]
+
+
+def _leaky_relu_grad_cases() -> list:
+    """LeakyReluGrad, with values of Y exactly 0 (its kink). Their own seed: the cases above keep their inputs."""
+    rng = np.random.default_rng(41)
+
+    def f32(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    return [
+        ("leaky_relu_grad", "LeakyReluGrad", MS, 17, {"dy": f32(3, 7), "y": _with_zeros(f32(3, 7))}, ["dx"],
+         {"alpha": 0.2}),
+        ("leaky_relu_grad_default_alpha", "LeakyReluGrad", MS, 17, {"dy": f32(3, 7), "y": _with_zeros(f32(3, 7))},
+         ["dx"], {}),
     ]
 
 
@@ -435,6 +451,13 @@ def _transformer_gradient_cases(f32) -> list:
          {"shape": np.array([2, 4, 3], i64), "indices": np.array([3, 0, 3], i64), "dy": f32(2, 3, 3)},
          ["dx"], {"axis": 1}),
     ]
+
+
+def _with_zeros(y):
+    """``y`` with every fifth value exactly 0 (LeakyReluGrad's kink)."""
+    y = y.copy()
+    y.flat[::5] = 0.0
+    return y
 
 
 def _gradient_cases(f32) -> list:

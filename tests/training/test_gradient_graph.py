@@ -171,6 +171,52 @@ def test_elementwise_ops(op, fn, low):
     _check([N(op, ["x"], ["y"])], {}, {"x": x}, lambda p, d: fn(p["x"]))
 
 
+# Values on the kinks: 0 for Relu, LeakyRelu and Abs, the bounds -0.5 and 1 for Clip.
+KINKS = np.array([[0.0, 1.0, -1.0, 0.0, -0.5], [2.0, 0.0, -0.25, 1.0, 0.5]], np.float32)
+
+
+@pytest.mark.parametrize("op, attrs, fn", [
+    ("Relu", {}, lambda x: jnp.where(x > 0, x, 0.0)),
+    ("Abs", {}, lambda x: x * jnp.sign(x)),
+    ("LeakyRelu", {"alpha": 0.2}, lambda x: jnp.where(x > 0, x, 0.2 * x)),
+    ("LeakyRelu", {}, lambda x: jnp.where(x > 0, x, 0.01 * x))])
+def test_piecewise_linear_ops_take_orts_subgradients_at_their_kinks(op, attrs, fn):
+    # Written here as selects, whose derivatives are ORT's (PyTorch's) choices at the kinks.
+    x = KINKS + _rand(*KINKS.shape, seed=5) * (KINKS != 0)
+    x[0, 0] = x[0, 3] = x[1, 1] = 0.0
+    _check([N(op, ["x"], ["y"], **attrs)], {}, {"x": x}, lambda p, d: fn(p["x"]))
+
+
+@pytest.mark.parametrize("bounds", [(-0.5, 1.0), (-0.5, None), (None, 1.0), (None, None)])
+def test_clip_passes_the_gradient_on_its_closed_interval(bounds):
+    lo, hi = bounds
+    x = KINKS
+    nodes = [N("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.float32)))
+             for name, v in (("lo", lo), ("hi", hi)) if v is not None]
+    nodes.append(N("Clip", ["x", "lo" if lo is not None else "", "hi" if hi is not None else ""], ["y"]))
+
+    def reference(p, d):
+        inside = jnp.ones(x.shape, bool)
+        if lo is not None:
+            inside &= p["x"] >= lo
+        if hi is not None:
+            inside &= p["x"] <= hi
+        return jnp.where(inside, p["x"], jnp.clip(p["x"], lo, hi))
+    _check(nodes, {}, {"x": x}, reference)
+
+
+def test_clip_with_a_trainable_bound_is_refused():
+    graph = helper.make_graph(
+        [N("Clip", ["x", "lo"], ["y"], name="clip"), N("ReduceSum", ["y"], ["loss"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("lo", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(TrainingError, match=r"node 'clip' \(ai.onnx::Clip\) has a bound that depends on a "
+                                             r"trainable parameter"):
+        add_gradient_graph(model, "loss", ["lo"])
+
+
 @pytest.mark.parametrize("exponent", [2.0, 3.0, 0.5])
 def test_pow_with_a_constant_exponent(exponent):
     x = _rand(4, 3, seed=4, low=0.5, high=2.0)

@@ -87,6 +87,76 @@ def is_string(x) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
 
 
+# Piecewise-linear ops at their kinks --------------------------------------------
+#
+# Where an op has no derivative (Relu at 0, Clip at a bound, Abs at 0) any
+# value between the one-sided slopes is a valid subgradient, and JAX's
+# choices (half of each side at ties of max/min, 1 for |x| at 0) differ from
+# ONNX Runtime's gradient kernels, which are PyTorch's: ReluGrad passes dY
+# where X > 0, LeakyReluGrad scales by alpha where X <= 0, Clip passes dY on
+# the closed interval [min, max], and Abs's gradient is dY * Sign(X). These
+# helpers compute the same values as jnp's and take ORT's subgradients, so a
+# step through ORT's artifacts gives ORT's numbers even where a value sits
+# exactly on a kink (a zero-bias layer on zero inputs, a clipped value
+# clipped again).
+
+
+@jax.custom_jvp
+def _relu(x):
+    return jnp.maximum(x, jnp.zeros((), x.dtype))
+
+
+_relu.defjvps(lambda t, y, x: jnp.where(x > 0, t, jnp.zeros((), t.dtype)))
+
+
+def relu(x):
+    """``max(x, 0)``; its derivative at 0 is 0, as ORT's ReluGrad (and PyTorch)."""
+    return _relu(x) if is_inexact(x.dtype) else jnp.maximum(x, jnp.zeros((), x.dtype))
+
+
+def leaky_relu(x, alpha):
+    """``x`` where ``x > 0``, else ``alpha * x``; the slope at 0 is ``alpha``, as ORT's LeakyReluGrad."""
+    return jnp.where(x > 0, x, x * alpha)
+
+
+def clip(x, lo=None, hi=None):
+    """``min(max(x, lo), hi)`` (``hi`` where ``lo > hi``); either bound may be None.
+
+    The derivative is 1 on the closed interval ``[lo, hi]``, bounds included
+    (ORT's Clip gradient, PyTorch's clamp), 0 outside it.
+    """
+    x = y = jnp.asarray(x)
+    if lo is not None:
+        y = jnp.maximum(y, lo)
+    if hi is not None:
+        y = jnp.minimum(y, hi)
+    if not is_inexact(x.dtype):
+        return y
+    inside = None
+    if lo is not None:
+        inside = x >= lo
+    if hi is not None:
+        inside = x <= hi if inside is None else inside & (x <= hi)
+    if inside is None:
+        return y
+    # Values are y's (x itself wherever the select takes x); the x branch
+    # carries the derivative 1 at the bounds, y's the bounds' derivatives.
+    return jnp.where(inside, x, y)
+
+
+@jax.custom_jvp
+def _abs(x):
+    return jnp.abs(x)
+
+
+_abs.defjvps(lambda t, y, x: t * jnp.sign(x).astype(t.dtype))
+
+
+def abs_(x):
+    """``|x|``; its derivative at 0 is 0 (``sign(x)``), as ORT's Abs gradient (and PyTorch)."""
+    return _abs(x) if is_floating(x.dtype) else jnp.abs(x)
+
+
 def legacy_broadcast(a, b, broadcast, axis):
     """Opset < 7 broadcasting: ``b`` aligns with ``a`` starting at ``axis``."""
     if not broadcast or b.ndim == a.ndim:

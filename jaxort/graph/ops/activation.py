@@ -8,19 +8,22 @@ import numpy as np
 
 from jaxort.errors import OpError
 from jaxort.graph import register
+from jaxort.graph.ops._common import clip as _clip
+from jaxort.graph.ops._common import leaky_relu as _leaky_relu
+from jaxort.graph.ops._common import relu as _relu
 from jaxort.graph.ops._common import via_float
 
 
 @register("Relu", since=6)
 def relu(x):
-    """Relu-6+."""
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
+    """Relu-6+ (derivative 0 at 0, as ORT's ReluGrad)."""
+    return _relu(x)
 
 
 @register("LeakyRelu", since=6)
 def leaky_relu(x, *, alpha):
-    """LeakyRelu-6+."""
-    return jnp.where(x < 0, x * alpha, x)
+    """LeakyRelu-6+ (slope alpha at 0, as ORT's LeakyReluGrad)."""
+    return _leaky_relu(x, alpha)
 
 
 @register("PRelu", since=7)
@@ -129,17 +132,9 @@ def shrink(x, *, bias, lambd):
     return via_float(f, x)
 
 
-def _clip(x, lo, hi):
-    if lo is not None:
-        x = jnp.maximum(x, lo)
-    if hi is not None:
-        x = jnp.minimum(x, hi)
-    return jnp.asarray(x)
-
-
 @register("Clip", since=11)
 def clip(x, min=None, max=None):  # noqa: A002  (spec input names)
-    """Clip-11+ (bounds are optional inputs; min > max gives max, as numpy)."""
+    """Clip-11+ (bounds are optional inputs; min > max gives max, as numpy; derivative 1 at the bounds, as ORT)."""
     lo = None if min is None else jnp.asarray(min).astype(x.dtype)
     hi = None if max is None else jnp.asarray(max).astype(x.dtype)
     return _clip(x, lo, hi)

@@ -10,6 +10,7 @@ from jax import lax
 
 from jaxort.errors import OpError
 from jaxort.graph import register
+from jaxort.graph.ops._common import abs_ as _abs
 from jaxort.graph.ops._common import dtype_of, legacy_broadcast, via_float
 from jaxort.graph.ops._common import is_inexact, is_integer
 
@@ -110,8 +111,8 @@ def neg(x):
 
 @register("Abs", since=6)
 def abs_(x):
-    """Abs-6+."""
-    return jnp.abs(x)
+    """Abs-6+ (derivative 0 at 0, as ORT's Abs gradient)."""
+    return _abs(x)
 
 
 @register("Sign", since=9)

@@ -23,7 +23,7 @@ from jax import lax
 
 from jaxort.errors import OpError
 from jaxort.graph import register
-from jaxort.graph.ops._common import at_least_float32, int_prod, normalize_axis
+from jaxort.graph.ops._common import at_least_float32, clip, int_prod, leaky_relu, normalize_axis, relu
 from jaxort.graph.ops.conv import conv
 from jaxort.graph.ops.matmul import gemm, matrix_product
 from jaxort.graph.patterns.gelu import gelu as fused_gelu
@@ -117,14 +117,14 @@ def _elu(x, alpha):
 # name -> (function of x and parameters, parameter names, their defaults). The
 # defaults are the standard ops' (ORT 1.19's functors require the attributes).
 _ACTIVATIONS = {
-    "Relu": (lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)), (), ()),
+    "Relu": (relu, (), ()),
     "Sigmoid": (jax.nn.sigmoid, (), ()),
     "Tanh": (jnp.tanh, (), ()),
     "Softsign": (lambda x: x / (1 + jnp.abs(x)), (), ()),
     "Softplus": (_softplus, (), ()),
-    "LeakyRelu": (lambda x, a: jnp.where(x >= 0, x, a * x), ("alpha",), (0.01,)),
+    "LeakyRelu": (leaky_relu, ("alpha",), (0.01,)),
     "HardSigmoid": (lambda x, a, b: jnp.clip(a * x + b, 0, 1), ("alpha", "beta"), (0.2, 0.5)),
-    "Clip": (lambda x, lo, hi: jnp.clip(x, lo, hi), ("min", "max"), (None, None)),
+    "Clip": (clip, ("min", "max"), (None, None)),
     "Elu": (_elu, ("alpha",), (1.0,)),
     "Celu": (lambda x, a: jnp.maximum(x, 0) + jnp.minimum(0, a * jnp.expm1(jnp.minimum(x, 0) / a)),
              ("alpha",), (1.0,)),

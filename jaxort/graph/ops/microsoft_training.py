@@ -431,6 +431,12 @@ def relu_grad(dy, x):
     return jnp.where(x > 0, dy, jnp.zeros((), dy.dtype))
 
 
+@register("LeakyReluGrad", since=1, domain=MS)
+def leaky_relu_grad(dy, y, *, alpha=0.01):
+    """com.microsoft::LeakyReluGrad-1: dY where Y > 0, else alpha * dY (Y the LeakyRelu's output)."""
+    return jnp.where(y > 0, dy, dy * jnp.asarray(alpha, dy.dtype))
+
+
 @register("TanhGrad", since=1, domain=MS)
 def tanh_grad(dy, y):
     """com.microsoft::TanhGrad-1: dY * (1 - Y * Y), Y the Tanh's output."""

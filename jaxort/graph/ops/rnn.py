@@ -10,14 +10,15 @@ from jax import lax
 
 from jaxort.errors import OpError
 from jaxort.graph import register
+from jaxort.graph.ops._common import leaky_relu, relu
 
 # activation name -> (function of (x, alpha, beta), how many of alpha/beta it consumes, defaults)
 _ACTIVATIONS = {
-    "relu": (lambda x, a, b: jnp.maximum(x, 0), 0, ()),
+    "relu": (lambda x, a, b: relu(x), 0, ()),
     "tanh": (lambda x, a, b: jnp.tanh(x), 0, ()),
     "sigmoid": (lambda x, a, b: jax.nn.sigmoid(x), 0, ()),
     "affine": (lambda x, a, b: a * x + b, 2, (1.0, 0.0)),
-    "leakyrelu": (lambda x, a, b: jnp.where(x >= 0, x, a * x), 1, (0.01,)),
+    "leakyrelu": (lambda x, a, b: leaky_relu(x, a), 1, (0.01,)),
     "thresholdedrelu": (lambda x, a, b: jnp.where(x > a, x, 0), 1, (1.0,)),
     "scaledtanh": (lambda x, a, b: a * jnp.tanh(b * x), 2, (1.0, 1.0)),
     "hardsigmoid": (lambda x, a, b: jnp.clip(a * x + b, 0, 1), 2, (0.2, 0.5)),

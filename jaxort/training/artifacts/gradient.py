@@ -294,6 +294,29 @@ def _ms_node(em: _Emitter, op_type: str, inputs: Sequence[str], outputs: Sequenc
     em.nodes.append(node)
 
 
+def _leaky_relu(em, node, dys, needs):
+    """ORT's LeakyReluGrad(dY, Y): dY where Y > 0, else alpha * dY (alpha at 0, as ORT)."""
+    out = em.name("LeakyReluGrad")
+    alpha = float(_attrs(node).get("alpha", 0.01))
+    _ms_node(em, "LeakyReluGrad", [dys[0], node.output[0]], [out], [helper.make_attribute("alpha", alpha)])
+    return [out]
+
+
+def _clip(em, node, dys, needs):
+    """dY where min <= X <= max (bounds included, as ORT's Clip gradient), else 0."""
+    if any(needs[1:]):
+        raise _error(node, "has a bound that depends on a trainable parameter")
+    x = node.input[0]
+    inputs = list(node.input) + ["", ""]  # Clip-11+ (the rules need opset 13): "" is an absent bound
+    bounds = [inputs[1] or None, inputs[2] or None]
+    masks = [em.op(op, [x, bound]) for op, bound in zip(("GreaterOrEqual", "LessOrEqual"), bounds)
+             if bound is not None]
+    if not masks:
+        return [dys[0]]
+    mask = masks[0] if len(masks) == 1 else em.op("And", masks)
+    return [em.op("Mul", [dys[0], em.op("Cast", [mask], to=em.elem_type(x))])] + [None] * (len(node.input) - 1)
+
+
 def _pow(em, node, dys, needs):
     x, e = node.input
     if needs[1]:
@@ -855,6 +878,7 @@ RULES: dict = {
     "Sqrt": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, em.op("Mul", [_scalar(em, 2.0, y), y])])),
     "Reciprocal": _elementwise(lambda em, x, y, dy: em.op("Neg", [em.op("Mul", [dy, em.op("Mul", [y, y])])])),
     "Relu": _output_kernel("ReluGrad"), "Sigmoid": _output_kernel("SigmoidGrad"),
+    "LeakyRelu": _leaky_relu, "Clip": _clip,
     "Tanh": _output_kernel("TanhGrad"),
     "Pow": _pow, "Identity": _identity, "Cast": _cast, "Dropout": _dropout,
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,

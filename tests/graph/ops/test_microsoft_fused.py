@@ -562,3 +562,35 @@ def test_gradient_matches_finite_differences(op, inputs, attrs, n_out):
                     eps=1e-5,
                     atol=1e-6, rtol=1e-6)
 
+
+
+@pytest.mark.parametrize("activation, attrs, standard", [
+    ("Relu", {}, ("Relu", {})),
+    ("LeakyRelu", {"activation_alpha": 0.2}, ("LeakyRelu", {"alpha": 0.2})),
+])
+def test_fused_gemm_activation_takes_orts_subgradient_at_its_kink(activation, attrs, standard):
+    # Gemm outputs exactly 0 (zero rows of A, zero bias) sit on the activation's
+    # kink: the fused op's gradient must be the standard ops' (ORT's choice
+    # there, checked against ORT in tests/api/test_kinks.py), not JAX's max rule.
+    a = np.array([[0.0, 0.0, 0.0], [1.0, -2.0, 0.5]], np.float32)
+    b = np.random.default_rng(0).uniform(-1, 1, (3, 4)).astype(np.float32)
+    c = np.zeros(4, np.float32)
+    fused = helper.make_node("FusedGemm", ["a", "b", "c"], ["y"], domain="com.microsoft", activation=activation,
+                             **attrs)
+    plain = [helper.make_node("Gemm", ["a", "b", "c"], ["g"]), helper.make_node(standard[0], ["g"], ["y"],
+                                                                               **standard[1])]
+    grads = []
+    for nodes in ([fused], plain):
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, v.shape)
+                                               for n, v in (("a", a), ("b", b), ("c", c))],
+                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        g = JaxGraph(model, params=[], check=False)
+        grads.append(jax.grad(lambda b_, c_: jnp.sum(g.apply({}, a, b_, c_)[0] * 1.5), argnums=(0, 1))(b, c))
+    for got, want in zip(*grads):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    # Row 0 is all on the kink: its share of the bias gradient is ORT's slope at 0 (0 or alpha) times 1.5.
+    slope = {"Relu": 0.0, "LeakyRelu": 0.2}[activation]
+    y1 = a[1] @ b
+    np.testing.assert_allclose(grads[0][1], 1.5 * (slope + np.where(y1 > 0, 1.0, slope)), rtol=1e-6)

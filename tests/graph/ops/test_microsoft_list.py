@@ -53,7 +53,7 @@ ORT_TRAINING_GRAPH_OPS = [
 # (never on the backward slice of the user outputs) or never in artifacts at all.
 NOT_ON_THE_FORWARD_PATH = {
     "InPlaceAccumulatorV2", "SoftmaxCrossEntropyLossGrad", "DropoutGrad", "BitmaskDropoutGrad",
-    "GeluGrad", "QuickGeluGrad", "TanhGrad", "SigmoidGrad", "ReluGrad", "ConvGrad",
+    "GeluGrad", "QuickGeluGrad", "TanhGrad", "SigmoidGrad", "ReluGrad", "LeakyReluGrad", "ConvGrad",
     "BatchNormalizationGrad", "GatherGrad", "LSTMGrad", "GRUGrad", "Scale", "SoftmaxGrad_13",
     "LogSoftmaxGrad_13", "LayerNormalizationGrad", "YieldOp", "PassThrough", "RecordEvent", "WaitEvent",
 }
@@ -71,9 +71,9 @@ def test_listed_op_has_a_handler(domain, op, since):
 
 # Gradient ops jaxort implements all the same: the gradient graphs it writes for ORT hold
 # them (jaxort/training/artifacts/gradient.py), and so its tests and users can run those.
-GRADIENT_OPS_JAXORT_RUNS = {"LSTMGrad", "GRUGrad", "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "SigmoidGrad",
-                            "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale", "TanhGrad", "SoftmaxGrad_13",
-                            "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad"}
+GRADIENT_OPS_JAXORT_RUNS = {"LSTMGrad", "GRUGrad", "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "LeakyReluGrad",
+                            "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale", "TanhGrad",
+                            "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad"}
 
 
 def test_every_registered_microsoft_op_is_listed():

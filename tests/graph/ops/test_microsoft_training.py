@@ -31,7 +31,7 @@ COVERED_OPS = {
     # Gradient ops (what generate_artifacts writes where ORT's gradient builder does; FusedMatMul
     # is in test_microsoft_fused.py): ORT's outputs in the fixtures; the graphs they make are checked against jax.grad in
     # tests/training/test_gradient_graph.py.
-    "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale",
+    "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "LeakyReluGrad", "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale",
     "TanhGrad", "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad",
 }
 _FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures" / "training_ops"
