@@ -769,7 +769,7 @@ class TrainProgram:
                 hit = self._after_calls.setdefault(key, (fn, self._after_flags(optimizer_step, None,
                                                                                schedule_step)))
             fn, flags = hit
-            if learning_rate is not None:
+            if learning_rate is not None:  # the rate is an argument of its own (the cached flags hold none)
                 flags = self._after_flags(optimizer_step, learning_rate, schedule_step)
             return fn(state, *flags, *inputs)
         if placement_of(state) is not None:
