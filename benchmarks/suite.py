@@ -62,10 +62,11 @@ MODES = {
     # systems left out when pinned to one core
     "smoke": dict(workloads=["W5"], threads=["default"], rounds=2, chunk=0.02, warmup=2,
                   checkpoint_mb=4, soak_steps=300, extra=[], skip_pinned=[]),
-    # Under 5 minutes on 2 cores: jaxort.api on its own artifacts runs at default threads only.
+    # Under 5 minutes on 2 cores: jaxort.api on its own artifacts and the functional core
+    # (most of the pinned runs' compile time) run at default threads only.
     "quick": dict(workloads=["W1", "W2", "W3", "W4", "W5", "W6", "W7"], threads=["default", "1"],
                   rounds=3, chunk=0.08, warmup=2, checkpoint_mb=64, soak_steps=3000, extra=[],
-                  skip_pinned=["api_own"]),
+                  skip_pinned=["core", "api_own"]),
     "full": dict(workloads=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"], threads=["default", "1"],
                  rounds=7, chunk=0.4, warmup=5, checkpoint_mb=256, soak_steps=20000,
                  extra=["core_nofuse"], skip_pinned=[]),
