@@ -241,7 +241,7 @@ class SessionCell:
         """
         # Every facade step is three of these: the checks that pass are
         # inlined (each method call between two compiled steps costs a few
-        # microseconds; see "The facades' Python" in docs/benchmarks.md).
+        # microseconds; docs/benchmarks.md, "The facades' Python between steps").
         with self._lock:
             if self._closed is not None:
                 raise StateError(self._closed)
@@ -643,7 +643,7 @@ class SessionState:
             return self if "reset" in self.pending else self.replace(pending=self.pending + ("reset",))
         order = _DEFERRED.index(call)
         st = self
-        if call != "reset" and any(_DEFERRED.index(p) >= order for p in self.pending if p != "reset"):
+        if any(_DEFERRED.index(p) >= order for p in self.pending if p != "reset"):
             st = self.flushed()
         if call in st.pending:
             return st
