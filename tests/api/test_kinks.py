@@ -5,8 +5,8 @@ applying the four ops to ``x + b`` and what ORT computed for a batch with
 values on every kink: the loss and ``b`` after one SGD step at learning rate
 1 (tools/make_kink_fixtures.py). ORT's kernels take PyTorch's conventions
 there (Relu' = 0 and Abs' = 0 at 0, LeakyRelu' = alpha at 0, Clip' = 1 at
-both bounds), where JAX's own rules for max/min/abs would give 1/2, 1/2, 1
-and 1/2: jaxort follows ORT.
+both bounds), where jaxort's earlier formulas (JAX's rules for max, min and
+abs, a select for LeakyRelu) gave 1/2, 1, 1 and 1/2: jaxort follows ORT.
 """
 
 from __future__ import annotations
