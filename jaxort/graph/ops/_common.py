@@ -101,17 +101,9 @@ def is_string(x) -> bool:
 # clipped again).
 
 
-@jax.custom_jvp
-def _relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
-
-
-_relu.defjvps(lambda t, y, x: jnp.where(x > 0, t, jnp.zeros((), t.dtype)))
-
-
 def relu(x):
-    """``max(x, 0)``; its derivative at 0 is 0, as ORT's ReluGrad (and PyTorch)."""
-    return _relu(x) if is_inexact(x.dtype) else jnp.maximum(x, jnp.zeros((), x.dtype))
+    """``max(x, 0)``; its derivative at 0 is 0, as ORT's ReluGrad (and PyTorch): ``jax.nn.relu``'s rule."""
+    return jax.nn.relu(x)
 
 
 def leaky_relu(x, alpha):
