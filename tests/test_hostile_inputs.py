@@ -241,7 +241,8 @@ def test_label_range_check_agrees_with_numpy(dtype):
             labels = rng.integers(max(info.min, -3), min(info.max, 12), size=n, endpoint=True).astype(dtype)
             if rng.random() < 0.3:
                 labels[rng.integers(n)] = info.max if rng.random() < 0.5 else info.min
-            for view in (labels, labels[::2], labels.reshape(-1, 1)[:, 0]):
+            for view in (labels, labels[::2], labels.reshape(-1, 1)[:, 0], labels.reshape(-1, 1),
+                         labels[None, ::3]):
                 for count in (1, 10, 13):
                     expected = bool(((view.astype(np.int64) >= 0) & (view < count)).all()) if view.size else True
                     assert _all_below(view, count) is expected, (dtype, n, count, view)

@@ -1022,6 +1022,9 @@ class _InputChecker:
             self.specs.append((name, shape, dtype))
         self.labels = _label_checks(model, set(self.names))
         self._counts = _static_class_counts(model, {s for _, s, _ in self.labels}) if self.labels else {}
+        # (position among the inputs, name, scores, ignore_index) of each label checked.
+        self._label_specs = tuple((self.names.index(name), name, scores, ignore)
+                                  for name, scores, ignore in self.labels)
         self._model, self._info, self._layout = model, info, layout
         self._traced_counts: dict = {}
         self._lock = threading.Lock()
@@ -1034,7 +1037,9 @@ class _InputChecker:
             raise InputError(f"the model takes {len(self.names)} inputs {list(self.names)}, "
                              f"given {len(inputs)}")
         try:
-            signature = tuple([(type(x), x.dtype, x.shape) for x in inputs])
+            signature = ()
+            for x in inputs:  # a loop, not a comprehension: Python 3.11 gives that a frame of its own
+                signature += ((type(x), x.dtype, x.shape),)
         except AttributeError:  # a list or a scalar: checked (and converted) below
             signature = None
         if signature is None or signature not in self._passed:
@@ -1048,15 +1053,15 @@ class _InputChecker:
         return inputs
 
     def _check_labels(self, inputs: tuple) -> None:
-        for name, scores, ignore in self.labels:
-            labels = inputs[self.names.index(name)]
-            if isinstance(labels, jax.core.Tracer):
-                continue
+        for index, name, scores, ignore in self._label_specs:
+            labels = inputs[index]
+            if type(labels) is not np.ndarray:
+                if isinstance(labels, jax.core.Tracer):
+                    continue
+                labels = np.asarray(labels)
             count = self._counts.get(scores) or self._traced_count(scores, inputs)
             if count is None:
                 continue
-            if type(labels) is not np.ndarray:
-                labels = np.asarray(labels)
             # One reduction settles the common case (every label valid) at a
             # fraction of the cost of the masks below, which name the culprits.
             if labels.size == 0 or _all_below(labels, count):
@@ -1105,23 +1110,23 @@ _UNSIGNED = {np.dtype(f"int{8 * n}"): np.dtype(f"uint{8 * n}") for n in (1, 2, 4
 # How many input signatures an _InputChecker remembers as checked.
 _PASSED_SIGNATURES = 64
 
-# Up to this many labels, _all_below takes their maximum in Python.
+# Up to this many labels, _all_below compares them in Python.
 _LIST_LABELS = 64
 
 
 def _all_below(labels: np.ndarray, count: int) -> bool:
-    """Whether every value of ``labels`` is in ``[0, count)``, in one pass for integers."""
+    """Whether every value of ``labels`` is in ``[0, count)``."""
+    if labels.size <= _LIST_LABELS:
+        # Run between two compiled steps, numpy's reductions and views cost
+        # several times what they cost alone: the step has evicted numpy's
+        # code and data from the caches (~30 us against ~11 us for 64 labels
+        # as a list, one core; docs/benchmarks.md). The list's values are
+        # exact Python numbers, so unsigned and 64-bit labels compare exactly.
+        values = (labels if labels.ndim == 1 else labels.ravel()).tolist()
+        return not values or (min(values) >= 0 and max(values) < count)
     unsigned = _UNSIGNED.get(labels.dtype)
-    if unsigned is not None:
-        # Seen as unsigned, a negative label is larger than any class count.
-        labels = labels.view(unsigned)
-        if labels.size <= _LIST_LABELS:
-            # Run between two compiled steps, a numpy reduction costs several
-            # times what it costs alone (~20 us against ~1 us for BERT's 4
-            # labels, one core): the step has evicted numpy's code and data
-            # from the caches. Python's max over a short list touches less.
-            return max(labels.ravel().tolist(), default=0) < count
-        return int(np.maximum.reduce(labels, axis=None)) < count
+    if unsigned is not None:  # seen as unsigned, a negative label is larger than any class count
+        return int(np.maximum.reduce(labels.view(unsigned), axis=None)) < count
     return bool(labels.min() >= 0 and labels.max() < count)
 
 
