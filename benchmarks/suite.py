@@ -24,7 +24,8 @@ Each configuration (workload x threads) runs in its own subprocess; pinned
 ones call ``os.sched_setaffinity(0, {0})`` before importing jax, onnxruntime
 or torch. In a configuration every system is built and warmed up, then timed
 in rounds: each round runs each system for about ``chunk`` seconds, in an
-order rotated round by round. Reported: the median steps/s with min-max over
+order rotated round by round (``TIMING_ORDER``: the systems a ratio compares
+run next to each other). Reported: the median steps/s with min-max over
 the rounds; a ratio A/B is the median of the per-round ratios. Compile time is
 the first train step (and first eval step) after construction. RSS is the
 resident-set growth while a system was built and warmed up, and the
@@ -68,10 +69,15 @@ MODES = {
                   rounds=3, chunk=0.08, warmup=2, checkpoint_mb=64, soak_steps=3000, extra=[],
                   skip_pinned=["core", "api_own"]),
     "full": dict(workloads=["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"], threads=["default", "1"],
-                 rounds=7, chunk=0.4, warmup=5, checkpoint_mb=256, soak_steps=20000,
+                 rounds=11, chunk=0.25, warmup=5, checkpoint_mb=256, soak_steps=20000,
                  extra=["core_nofuse"], skip_pinned=[]),
 }
 SYSTEMS = ("core", "core_steps", "core_nofuse", "api_ort", "api_own", "hand_jax", "ort", "torch")
+# The order of a round (rotated round by round, which keeps neighbours
+# neighbours): jaxort.api on ORT's artifacts between the two systems the
+# acceptance ratios compare it with, so each paired ratio comes from chunks
+# run one after the other.
+TIMING_ORDER = ("core", "core_steps", "core_nofuse", "api_own", "hand_jax", "api_ort", "ort", "torch")
 LR = 1e-3
 
 
@@ -363,7 +369,7 @@ def run_config(name, threads, mode, folders) -> dict:
         except ImportError:
             pass
     made = _make_systems(w, folders, pinned, wanted, cfg["warmup"])
-    names = list(made)
+    names = sorted(made, key=TIMING_ORDER.index)
     result = {"workload": name, "description": w.description, "threads": threads, "systems": {}}
     rounds = {n: {"train": [], "eval": []} for n in names}
     for phase in ("train", "eval"):
