@@ -136,7 +136,10 @@ def test_short_external_data_file_is_a_model_error(tmp_path):
               size_threshold=0)
     data = tmp_path / "m.data"
     data.write_bytes(data.read_bytes()[:40])
-    with pytest.raises(errors.ModelError, match=r"cannot load ONNX model .*m.onnx: .* for tensor 'w'"):
+    # onnx >= 1.17 refuses the short file as it loads it; 1.16 loads it and
+    # jaxort's own check of the initializers refuses it.
+    with pytest.raises(errors.ModelError, match=r"cannot load ONNX model .*m.onnx: .* for tensor 'w'|"
+                                                r"initializer 'w' .*need 64 bytes of raw_data, given 40"):
         JaxGraph(str(path), check=False)
     proto = onnx.load(str(path), load_external_data=False)
     with pytest.raises(errors.ModelError, match="initializer 'w' .*external data 'm.data'"):

@@ -62,13 +62,21 @@ def load_model(source: ModelSource, *, check: bool = True) -> onnx.ModelProto:
         try:
             onnx.checker.check_model(model)
         except onnx.checker.ValidationError as e:
+            if "must specify opset_import" in str(e) and len(model.opset_import):
+                # onnx < 1.17: the checker's C++ side failed to parse the model
+                # (nested too deep) and checked an empty one instead.
+                raise _cannot_check(e) from e
             raise ModelError(f"invalid ONNX model: {e}") from e
         except Exception as e:  # noqa: BLE001  the checker's C++ side raises ValueError and others
-            raise ModelError(f"onnx.checker cannot check the model ({type(e).__name__}: {e}); a model "
-                             "nested deeper than protobuf's parse limit or over 2 GiB cannot be checked, "
-                             "pass check=False to skip the checker") from e
+            raise _cannot_check(e) from e
     check_initializers(model)
     return model
+
+
+def _cannot_check(e: Exception) -> ModelError:
+    return ModelError(f"onnx.checker cannot check the model ({type(e).__name__}: {e}); a model "
+                      "nested deeper than protobuf's parse limit or over 2 GiB cannot be checked, "
+                      "pass check=False to skip the checker")
 
 
 # Packed types: bits per element in raw_data.
