@@ -10,8 +10,12 @@ from hypothesis import strategies as st
 
 from jaxort.testing import run_jaxort
 
-from ._harness import Example, OLD_REFERENCE, OpCase, check, table_tests
+from ._harness import Example, ONNX_OPSET, OLD_REFERENCE, OpCase, check, table_tests
 from ._strategies import arr, floats, rand
+
+# Opset 22 (which adds bfloat16) where the installed onnx has it, else its
+# newest: the float32 semantics are the same since 14 (the layout attribute).
+OPSET = min(22, ONNX_OPSET)
 
 COVERED_OPS = {
     "GRU", "LSTM", "RNN",
@@ -45,7 +49,7 @@ def recurrent_case(op):
             inputs.append(arr(draw, dt, (nd, 3 * hid)) if draw(st.booleans()) else None)
         if op == "GRU":
             attrs["linear_before_reset"] = int(draw(st.booleans()))
-        return Example(tuple(inputs), attrs, 22,
+        return Example(tuple(inputs), attrs, OPSET,
                        n_out=3 if op == "LSTM" and not OLD_REFERENCE else 2)
 
     return strat()
@@ -78,10 +82,10 @@ def test_recurrent_sequence_lens(op, direction):
     lens = np.array([2, 4], np.int32)
     attrs = dict(hidden_size=hid, direction=direction)
     n_out = 3 if op == "LSTM" else 2
-    ex = Example((x, w, r, b, lens), attrs, 22, n_out=n_out)
+    ex = Example((x, w, r, b, lens), attrs, OPSET, n_out=n_out)
     outs = run_jaxort(ex.node(op))
     for i, n in enumerate(lens):
-        sub = Example((x[:n, i:i + 1], w, r, b), attrs, 22, n_out=n_out)
+        sub = Example((x[:n, i:i + 1], w, r, b), attrs, OPSET, n_out=n_out)
         ref = run_jaxort(sub.node(op))
         np.testing.assert_allclose(outs[0][:n, :, i:i + 1], ref[0], rtol=1e-5, atol=1e-6)
         assert np.all(outs[0][n:, :, i] == 0)
@@ -92,7 +96,7 @@ def test_recurrent_sequence_lens(op, direction):
 def test_rnn_clip_bounds_the_activation_input():
     x = np.full((1, 1, 1), 3.0, np.float32)
     w, r = np.ones((1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32)
-    ex = Example((x, w, r), dict(hidden_size=1, clip=0.5), 22, n_out=2)
+    ex = Example((x, w, r), dict(hidden_size=1, clip=0.5), OPSET, n_out=2)
     y, _ = run_jaxort(ex.node("RNN"))
     np.testing.assert_allclose(y.reshape(-1), np.tanh([0.5]), rtol=1e-6)
 
@@ -117,7 +121,7 @@ def test_short_recurrences_match_the_reference_unrolled(op):
         attrs = dict(hidden_size=4, direction="bidirectional" if not OLD_REFERENCE else "forward")
         if op == "GRU":
             attrs["linear_before_reset"] = 1
-        ex = Example(tuple(_recurrent_inputs(op, seq, nd=2 if not OLD_REFERENCE else 1)), attrs, 22,
+        ex = Example(tuple(_recurrent_inputs(op, seq, nd=2 if not OLD_REFERENCE else 1)), attrs, OPSET,
                      n_out=2)
         check(ex.node(op), scale=10)
 
