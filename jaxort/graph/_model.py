@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Union
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
+from jaxort.dtypes import ONNX_TO_NUMPY, to_numpy_dtype
 from jaxort.errors import ModelError
 
 __all__ = ["ModelSource", "check_initializers", "load_model"]
@@ -71,6 +73,32 @@ def load_model(source: ModelSource, *, check: bool = True) -> onnx.ModelProto:
             raise _cannot_check(e) from e
     check_initializers(model)
     return model
+
+
+def tensor_to_numpy(tensor: onnx.TensorProto) -> np.ndarray:
+    """``onnx.numpy_helper.to_array`` in the tensor's own dtype.
+
+    onnx < 1.17 returns bfloat16 and float8 tensors as float32 (and its
+    float8 decoder fails under numpy 2), and 4-bit integers as 8-bit ones:
+    the narrow floats stored as raw data are read here, the rest cast back,
+    exactly, to the ml_dtypes type jaxort maps them to, so a model's dtypes
+    do not depend on the installed onnx.
+    """
+    if tensor.data_type in _NARROW_FLOATS and tensor.raw_data and sys.byteorder == "little":
+        dtype = to_numpy_dtype(tensor.data_type)
+        return np.frombuffer(tensor.raw_data, dtype).reshape(tuple(tensor.dims)).copy()
+    arr = numpy_helper.to_array(tensor)
+    try:
+        dtype = to_numpy_dtype(tensor.data_type)
+    except KeyError:
+        return arr
+    if arr.dtype != dtype and arr.dtype.kind not in "OSU":
+        return arr.astype(dtype)
+    return arr
+
+
+# bfloat16 and the float8 types jaxort maps to ml_dtypes (TensorProto codes).
+_NARROW_FLOATS = frozenset(code for code in (16, 17, 18, 19, 20, 24) if code in ONNX_TO_NUMPY)
 
 
 def _cannot_check(e: Exception) -> ModelError:
@@ -152,7 +180,10 @@ def _tensor_problem(tensor: onnx.TensorProto) -> str:
         given = len(tensor.string_data)
         return "" if given == count else f"dims {dims} need {count} strings, string_data holds {given}"
     bits = _SUB_BYTE_BITS.get(dtype)
-    itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).itemsize
+    try:  # jaxort's map: onnx < 1.17 maps bfloat16 and the float8 types to float32
+        itemsize = to_numpy_dtype(dtype).itemsize
+    except KeyError:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).itemsize
     need = (count * bits + 7) // 8 if bits else count * itemsize
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         info = {e.key: e.value for e in tensor.external_data}

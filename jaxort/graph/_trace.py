@@ -33,7 +33,7 @@ from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, JaxortError, ModelError, OpError, UnsupportedOpError
 from jaxort.graph import _registry
 from jaxort.graph._host_memory import settle_allocator
-from jaxort.graph._model import ModelSource, load_model
+from jaxort.graph._model import ModelSource, load_model, tensor_to_numpy
 from jaxort.graph._values import NodeKey, OpContext, is_static
 
 __all__ = ["JaxGraph", "TensorInfo", "Subgraph", "backward_slice", "outer_reads",
@@ -86,7 +86,7 @@ def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
 
 
 def _tensor_to_numpy(t: onnx.TensorProto) -> np.ndarray:
-    arr = numpy_helper.to_array(t)
+    arr = tensor_to_numpy(t)
     if arr.dtype.kind in ("S", "U"):
         arr = arr.astype(object)
     return arr

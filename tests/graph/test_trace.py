@@ -270,6 +270,25 @@ def test_model_with_external_data(tmp_path):
 # Errors -------------------------------------------------------------------------------
 
 
+def test_narrow_float_initializers_keep_their_dtype_whatever_the_installed_onnx():
+    # onnx < 1.17 reads bfloat16 and float8 tensors back as float32 and sized
+    # their raw data as 4 bytes an element: jaxort's own map decides both.
+    import ml_dtypes
+
+    for dtype, code in ((ml_dtypes.bfloat16, T.BFLOAT16), (ml_dtypes.float8_e4m3fn, T.FLOAT8E4M3FN)):
+        values = np.array([0.5, -1.5, 3.0, 0.0], np.float32).astype(dtype)
+        w = helper.make_tensor("w", code, [4], values.tobytes(), raw=True)
+        c = helper.make_tensor("c", code, [4], values.tobytes(), raw=True)
+        graph = helper.make_graph([helper.make_node("Constant", [], ["k"], value=c),
+                                   helper.make_node("Add", ["w", "k"], ["y"])], "g", [],
+                                  [helper.make_tensor_value_info("y", code, [4])], [w])
+        g = JaxGraph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), check=False)
+        assert g.params["w"].dtype == dtype
+        (y,) = g.apply(g.params)
+        assert y.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(y, np.float32), 2 * values.astype(np.float32))
+
+
 def test_unsupported_op_names_op_domain_opset_and_node():
     node = helper.make_node("FooBar", ["x"], ["y"], domain="com.example", name="blocks/0/foo")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT, [2])],

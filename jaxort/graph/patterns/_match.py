@@ -25,7 +25,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
+
+from jaxort.graph._model import tensor_to_numpy
 
 __all__ = ["Match", "Pattern", "Group", "GraphView", "register_pattern", "registered_patterns",
            "plan"]
@@ -136,7 +138,7 @@ def _constant_value(node: onnx.NodeProto):
     """The value of a Constant node, or None for a form that is not a tensor."""
     for a in node.attribute:
         if a.name == "value":
-            return numpy_helper.to_array(a.t)
+            return tensor_to_numpy(a.t)
         if a.name in ("value_float", "value_floats", "value_int", "value_ints"):
             return np.asarray(helper.get_attribute_value(a))
     return None

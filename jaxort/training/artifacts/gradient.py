@@ -41,6 +41,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
+from jaxort.graph._model import tensor_to_numpy
 from jaxort.graph.ops._common import auto_pads
 
 __all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
@@ -162,10 +163,10 @@ def _constant_sources(graph: onnx.GraphProto) -> dict:
 def _static(source) -> Optional[np.ndarray]:
     """The value of an initializer or of a Constant node (None for anything else)."""
     if isinstance(source, onnx.TensorProto):
-        return numpy_helper.to_array(source)
+        return tensor_to_numpy(source)
     if isinstance(source, onnx.NodeProto):
         value = _attrs(source).get("value")
-        return None if value is None else numpy_helper.to_array(value)
+        return None if value is None else tensor_to_numpy(value)
     return None
 
 
