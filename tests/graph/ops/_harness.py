@@ -290,7 +290,12 @@ def check(case: NodeCase, scale: float = 0.0):
 
 def run_onnxruntime(model, feeds):
     ort = pytest.importorskip("onnxruntime")
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001  onnxruntime raises its own NotImplemented
+        if type(e).__name__ != "NotImplemented":
+            raise
+        pytest.skip(f"onnxruntime {ort.__version__} has no kernel for this model: {e}")
     return sess.run(None, feeds)
 
 
