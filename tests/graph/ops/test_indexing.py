@@ -95,7 +95,8 @@ def s_one_hot(draw):
 @st.composite
 def s_top_k(draw):
     # onnx < 1.17's reference gives wrong uint8 values here.
-    dtype = draw(st.sampled_from([np.float32, np.float64, np.int64, np.int32] + ([] if OLD_REFERENCE else [np.uint8])))
+    dtype = draw(st.sampled_from([np.float32, np.float64, np.int64, np.int32]
+                                 + ([] if OLD_REFERENCE else [np.uint8])))
     x = values(draw, draw_shape(draw), dtype, -3, 3)  # small range: many ties
     if OLD_REFERENCE:  # onnx < 1.17's reference does not break ties by the lower index
         x = np.argsort(np.argsort(x.reshape(-1), kind="stable")).reshape(x.shape).astype(dtype)
