@@ -1020,11 +1020,10 @@ class _InputChecker:
                 shape = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None)
                               for d in tt.shape.dim)
             self.specs.append((name, shape, dtype))
-        self.labels = _label_checks(model, set(self.names))
-        self._counts = _static_class_counts(model, {s for _, s, _ in self.labels}) if self.labels else {}
         # (position among the inputs, name, scores, ignore_index) of each label checked.
-        self._label_specs = tuple((self.names.index(name), name, scores, ignore)
-                                  for name, scores, ignore in self.labels)
+        self.labels = tuple((self.names.index(name), name, scores, ignore)
+                            for name, scores, ignore in _label_checks(model, set(self.names)))
+        self._counts = _static_class_counts(model, {s for _, _, s, _ in self.labels}) if self.labels else {}
         self._model, self._info, self._layout = model, info, layout
         self._traced_counts: dict = {}
         self._lock = threading.Lock()
@@ -1053,7 +1052,7 @@ class _InputChecker:
         return inputs
 
     def _check_labels(self, inputs: tuple) -> None:
-        for index, name, scores, ignore in self._label_specs:
+        for index, name, scores, ignore in self.labels:
             labels = inputs[index]
             if type(labels) is not np.ndarray:
                 if isinstance(labels, jax.core.Tracer):
