@@ -97,6 +97,13 @@ def tensor_to_numpy(tensor: onnx.TensorProto) -> np.ndarray:
     return arr
 
 
+def tensor_from_numpy(array: np.ndarray, name: str = "") -> onnx.TensorProto:
+    """``onnx.numpy_helper.from_array``, with bfloat16 written as raw bytes (onnx < 1.17 cannot map it)."""
+    if array.dtype == ONNX_TO_NUMPY.get(onnx.TensorProto.BFLOAT16):
+        return helper.make_tensor(name, onnx.TensorProto.BFLOAT16, array.shape, array.tobytes(), raw=True)
+    return numpy_helper.from_array(array, name)
+
+
 # bfloat16 and the float8 types jaxort maps to ml_dtypes (TensorProto codes).
 _NARROW_FLOATS = frozenset(code for code in (16, 17, 18, 19, 20, 24) if code in ONNX_TO_NUMPY)
 

@@ -43,6 +43,7 @@ import onnx
 from hypothesis import assume
 from onnx import TensorProto, helper
 
+from jaxort.graph._model import tensor_from_numpy
 from jaxort.testing.strategies import (
     FLOAT_DTYPES,
     _TINY,
@@ -153,9 +154,7 @@ class _Builder:
     def const(self, value, prefix: str = "c") -> str:
         name = self.name(prefix)
         value = np.asarray(value)
-        self.inits.append(onnx.numpy_helper.from_array(value, name) if value.dtype != _bf16()
-                          else helper.make_tensor(name, TensorProto.BFLOAT16, value.shape,
-                                                  value.tobytes(), raw=True))
+        self.inits.append(tensor_from_numpy(value, name))
         return name
 
     def ints(self, values) -> str:
@@ -195,11 +194,6 @@ class _Builder:
     def maybe(self, value) -> Any:
         """``value`` or None (the attribute's default); shrinks to None."""
         return value if self.draw(st.booleans()) else None
-
-
-def _bf16():
-    import ml_dtypes
-    return np.dtype(ml_dtypes.bfloat16)
 
 
 def _attrs(**kwargs) -> dict:

@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from jaxort.dtypes import to_onnx_type
+from jaxort.graph._model import tensor_from_numpy
 from jaxort.graph import JaxGraph, x64_enabled_scope
 
 F16, BF16 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
@@ -23,13 +24,6 @@ F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 # statistics in float32 for float16/bfloat16 while the op-by-op path rounds every
 # intermediate to the narrow type, so the narrow types differ by their rounding.
 TOLERANCE = {F32: (2e-5, 1e-4), F64: (1e-12, 1e-10), F16: (1e-2, 3e-2), BF16: (6e-2, 1.5e-1)}
-
-
-def _tensor(array, name=""):
-    """``numpy_helper.from_array``, with bfloat16 as raw bytes (onnx < 1.17 cannot map ml_dtypes' type)."""
-    if array.dtype == BF16:
-        return helper.make_tensor(name, TensorProto.BFLOAT16, array.shape, array.tobytes(), raw=True)
-    return numpy_helper.from_array(array, name)
 
 
 class Builder:
@@ -49,14 +43,14 @@ class Builder:
         return name
 
     def init(self, name, value, dtype=None):
-        self.inits.append(_tensor(np.asarray(value, dtype or self.dtype), name))
+        self.inits.append(tensor_from_numpy(np.asarray(value, dtype or self.dtype), name))
         return name
 
     def const(self, value, dtype=None):
         name = self.fresh("c")
         array = np.asarray(value, dtype or self.dtype)
         self.nodes.append(helper.make_node("Constant", [], [name],
-                                           value=_tensor(array)))
+                                           value=tensor_from_numpy(array)))
         return name
 
     def op(self, op_type, *inputs, n_out=1, **attrs):
