@@ -485,7 +485,8 @@ def test_grouped_and_auto_padded_conv(attrs):
 def test_ort_conv_grad_is_wrong_with_auto_pad():
     # Why the rule writes a SAME-padded Conv's pads out: ORT 1.19.2's ConvGrad, given the
     # Conv's auto_pad (as ORT's own gradient builder gives it), computes neither gradient of
-    # the padded convolution (nor of the unpadded one). Measured against jax.vjp.
+    # the padded convolution (nor of the unpadded one). Measured against jax.vjp. Its filter
+    # gradient changes from session to session (NaN at times): it reads memory it never wrote.
     pytest.importorskip("onnxruntime.training", reason="ConvGrad runs in onnxruntime-training's sessions")
     x, w, dy = _rand(1, 2, 6, 6, seed=42), _rand(3, 2, 3, 3, seed=43), _rand(1, 3, 6, 6, seed=44)
     node = N("ConvGrad", ["dy", "x", "w"], ["dx", "dw"], domain="com.microsoft", auto_pad="SAME_UPPER",
@@ -499,7 +500,7 @@ def test_ort_conv_grad_is_wrong_with_auto_pad():
         None, {"dy": dy, "x": x, "w": w})
     _, vjp = jax.vjp(lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME"), x, w)
     want_dx, want_dw = vjp(dy)
-    assert np.abs(dx - np.asarray(want_dx)).max() > 0.5 and np.abs(dw - np.asarray(want_dw)).max() > 0.5
+    assert not np.allclose(dx, want_dx, atol=0.5) and not np.allclose(dw, want_dw, atol=0.5)
 
 
 def test_swish_becomes_quick_gelu_and_its_gradient_ort_s_kernel():
