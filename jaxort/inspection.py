@@ -55,10 +55,10 @@ def _checkpoint_info(path: pathlib.Path) -> dict:
 
 
 def _value_info(vi) -> dict:
-    import onnx
+    from jaxort.graph._model import numpy_dtype
 
     tt = vi.type.tensor_type
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)).name if tt.elem_type else "?"
+    dtype = numpy_dtype(tt.elem_type).name if tt.elem_type else "?"
     shape = [d.dim_param or (int(d.dim_value) if d.HasField("dim_value") else "?") for d in tt.shape.dim]
     return {"name": vi.name, "dtype": dtype, "shape": shape}
 
@@ -90,10 +90,9 @@ def _optimizer_ops(model) -> set:
 
 
 def _model_info(path: pathlib.Path) -> dict:
-    import onnx
-
     import jaxort.graph.ops  # noqa: F401  (fills the registry)
     from jaxort.graph import load_model, lookup
+    from jaxort.graph._model import numpy_dtype
 
     model = load_model(path, check=False)
     forward = _forward_nodes(model)
@@ -107,9 +106,9 @@ def _model_info(path: pathlib.Path) -> dict:
     for t in model.graph.initializer:
         if t.name not in read:  # constants of the gradient part of a training model
             continue
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+        dtype = numpy_dtype(t.data_type)
         shape = [int(d) for d in t.dims]
-        params.append({"name": t.name, "dtype": np.dtype(dtype).name, "shape": shape,
+        params.append({"name": t.name, "dtype": dtype.name, "shape": shape,
                        "trainable": None, "bytes": int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize})
     for vi in inputs:
         if vi["name"] in grad_buffers:

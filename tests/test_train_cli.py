@@ -236,6 +236,26 @@ def test_generate_artifacts_names_an_op_without_a_gradient_rule(tmp_path, capsys
     assert [(n.domain, n.op_type) for n in train.graph.node if n.domain] == [("ai.jaxort", "NoGradientGraph")]
 
 
+
+def test_inspect_names_bfloat16_values_and_parameters(tmp_path):
+    # onnx < 1.17's tensor_dtype_to_np_dtype calls bfloat16 float32 (and its size 4 bytes).
+    import ml_dtypes
+    from onnx import TensorProto, helper
+
+    from jaxort.graph._model import tensor_from_numpy
+    from jaxort.inspection import describe
+
+    bf16 = TensorProto.BFLOAT16
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [helper.make_tensor_value_info("x", bf16, [2, 3])],
+        [helper.make_tensor_value_info("y", bf16, [2, 4])],
+        [tensor_from_numpy(np.ones((3, 4), ml_dtypes.bfloat16), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    info = describe(tmp_path / "m.onnx")
+    assert info["inputs"] == [{"name": "x", "dtype": "bfloat16", "shape": [2, 3]}]
+    assert info["parameters"] == [{"name": "w", "dtype": "bfloat16", "shape": [3, 4], "trainable": None,
+                                   "bytes": 24}]
+
 def test_inspect_and_generate_refuse_bad_files(tmp_path, capsys):
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x00\x01not a model")

@@ -98,14 +98,34 @@ def tensor_to_numpy(tensor: onnx.TensorProto) -> np.ndarray:
 
 
 def tensor_from_numpy(array: np.ndarray, name: str = "") -> onnx.TensorProto:
-    """``onnx.numpy_helper.from_array``, with bfloat16 written as raw bytes (onnx < 1.17 cannot map it)."""
-    if array.dtype == ONNX_TO_NUMPY.get(onnx.TensorProto.BFLOAT16):
-        return helper.make_tensor(name, onnx.TensorProto.BFLOAT16, array.shape, array.tobytes(), raw=True)
+    """``onnx.numpy_helper.from_array``, with bfloat16 and float8 written as raw bytes here.
+
+    onnx < 1.17 cannot map ml_dtypes' bfloat16 and float8 types; newer ones
+    write the same raw bytes.
+    """
+    code = _NARROW_CODES.get(np.dtype(array.dtype))
+    if code is not None and sys.byteorder == "little":
+        array = np.ascontiguousarray(array)
+        return helper.make_tensor(name, code, array.shape, array.tobytes(), raw=True)
     return numpy_helper.from_array(array, name)
+
+
+def numpy_dtype(elem_type: int) -> np.dtype:
+    """The numpy dtype of ONNX element type ``elem_type``.
+
+    jaxort's table first (bfloat16 and float8 as ml_dtypes types, which
+    ``onnx.helper.tensor_dtype_to_np_dtype`` of onnx < 1.17 gives as
+    float32), then onnx's for types the table lacks.
+    """
+    try:
+        return to_numpy_dtype(elem_type)
+    except KeyError:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
 # bfloat16 and the float8 types jaxort maps to ml_dtypes (TensorProto codes).
 _NARROW_FLOATS = frozenset(code for code in (16, 17, 18, 19, 20, 24) if code in ONNX_TO_NUMPY)
+_NARROW_CODES = {ONNX_TO_NUMPY[code]: code for code in _NARROW_FLOATS}
 
 
 def _cannot_check(e: Exception) -> ModelError:
@@ -187,10 +207,7 @@ def _tensor_problem(tensor: onnx.TensorProto) -> str:
         given = len(tensor.string_data)
         return "" if given == count else f"dims {dims} need {count} strings, string_data holds {given}"
     bits = _SUB_BYTE_BITS.get(dtype)
-    try:  # jaxort's map: onnx < 1.17 maps bfloat16 and the float8 types to float32
-        itemsize = to_numpy_dtype(dtype).itemsize
-    except KeyError:
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).itemsize
+    itemsize = numpy_dtype(dtype).itemsize
     need = (count * bits + 7) // 8 if bits else count * itemsize
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         info = {e.key: e.value for e in tensor.external_data}

@@ -70,10 +70,12 @@ class Coverage:
             types[vi.name] = vi.type.tensor_type.elem_type
         for t in model.graph.initializer:
             types[t.name] = t.data_type
+        from jaxort.graph._model import numpy_dtype  # bfloat16 and float8 whatever the installed onnx
+
         for elem in set(types.values()):
-            self.dtypes[helper.tensor_dtype_to_np_dtype(elem).name if elem else "?"] += 1
+            self.dtypes[numpy_dtype(elem).name if elem else "?"] += 1
         floats = [e for e in types.values() if e not in (onnx.TensorProto.BOOL, onnx.TensorProto.INT64)]
-        main_dtype = helper.tensor_dtype_to_np_dtype(floats[0]).name if floats else "?"
+        main_dtype = numpy_dtype(floats[0]).name if floats else "?"
         self._graph(model.graph, opset, main_dtype)
 
     def _graph(self, graph: onnx.GraphProto, opset: int, dtype: str) -> None:

@@ -43,7 +43,7 @@ import onnx
 from hypothesis import assume
 from onnx import TensorProto, helper
 
-from jaxort.graph._model import tensor_from_numpy
+from jaxort.graph._model import numpy_dtype, tensor_from_numpy
 from jaxort.testing.strategies import (
     FLOAT_DTYPES,
     _TINY,
@@ -849,7 +849,7 @@ def _all_nodes(graph: onnx.GraphProto):
 
 def _tensor_spec(vi: onnx.ValueInfoProto, dims: Optional[dict]) -> tuple:
     t = vi.type.tensor_type
-    dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
+    dtype = numpy_dtype(t.elem_type)
     shape = []
     for d in t.shape.dim:
         if d.HasField("dim_value"):

@@ -33,6 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
+from jaxort.graph._model import tensor_from_numpy
 
 __all__ = ["FLOAT32_OPS", "Policy", "bfloat16_policy", "cast_model", "compute_names", "float32_nodes"]
 
@@ -104,11 +105,7 @@ def _retype(type_proto: onnx.TypeProto, to: int) -> None:
 def _cast_tensor(t: onnx.TensorProto, dtype: np.dtype) -> onnx.TensorProto:
     if t.data_type != TensorProto.FLOAT:
         return t
-    arr = numpy_helper.to_array(t).astype(dtype)
-    new = helper.make_tensor(t.name, _ONNX_OF[dtype], arr.shape,
-                             arr.view(np.uint16).reshape(-1).tobytes() if dtype.itemsize == 2
-                             else arr.tobytes(), raw=True)
-    return new
+    return tensor_from_numpy(numpy_helper.to_array(t).astype(dtype), t.name)
 
 
 def _cast_graph(graph: onnx.GraphProto, dtype: np.dtype) -> None:

@@ -116,6 +116,30 @@ def test_model_inputs_respect_the_domains_of_their_ops():
     check()
 
 
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_model_inputs_take_the_narrow_float_types_of_the_inputs(seeded):
+    # onnx < 1.17's tensor_dtype_to_np_dtype gives float32 for bfloat16.
+    import ml_dtypes
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [n], [n + "_out"]) for n in ("a", "b")], "g",
+        [helper.make_tensor_value_info("a", TensorProto.BFLOAT16, [2, 3]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT16, ["n"])],
+        [helper.make_tensor_value_info(n + "_out", t, None)
+         for n, t in (("a", TensorProto.BFLOAT16), ("b", TensorProto.FLOAT16))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+    @settings(CI, max_examples=5)
+    @given(st.data())
+    def check(data):
+        a, b = data.draw(model_inputs(model, seeded=seeded, dims={"n": 4}))
+        assert (a.dtype, a.shape) == (np.dtype(ml_dtypes.bfloat16), (2, 3))
+        assert (b.dtype, b.shape) == (np.dtype(np.float16), (4,))
+
+    check()
+
 def test_training_steps_follow_a_recorded_trajectory_and_a_drift_is_reported(tmp_path):
     case = find(training_artifacts(), lambda c: True, settings=settings(CI, max_examples=1))
     recorded = record_trajectory(case, steps=2)

@@ -108,3 +108,28 @@ def test_errors():
     bad = dict(params, **{"fc1.bias": params["fc1.bias"][:3]})
     with pytest.raises(InputError, match="shape"):
         export_model_for_inferencing(GOLDEN / "eval_model.onnx", bad, ["output"])
+
+
+def test_bfloat16_parameters_are_exported_as_bfloat16():
+    # onnx < 1.17 (the version beside onnxruntime-training 1.19.2) cannot write
+    # ml_dtypes' bfloat16 through numpy_helper.from_array.
+    import ml_dtypes
+
+    bf16 = onnx.TensorProto.BFLOAT16
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["h"]), onnx.helper.make_node("Add", ["h", "b"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info(n, bf16, s) for n, s in (("x", [2, 3]), ("w", [3, 4]), ("b", [4]))],
+        [onnx.helper.make_tensor_value_info("y", bf16, [2, 4])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(0)
+    params = {"w": rng.normal(size=(3, 4)).astype(ml_dtypes.bfloat16),
+              "b": rng.normal(size=4).astype(ml_dtypes.bfloat16)}
+    exported = export_model_for_inferencing(model, params, ["y"])
+    assert [i.name for i in exported.graph.input] == ["x"]
+    inits = {t.name: t for t in exported.graph.initializer}
+    for name, value in params.items():
+        assert inits[name].data_type == bf16
+        assert list(inits[name].dims) == list(value.shape)
+        assert inits[name].raw_data == value.tobytes()
+        # onnx < 1.17 reads bfloat16 as float32, newer ones as ml_dtypes' type: the values agree either way.
+        np.testing.assert_array_equal(numpy_helper.to_array(inits[name]).astype(np.float32), value.astype(np.float32))

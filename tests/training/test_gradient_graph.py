@@ -910,3 +910,44 @@ def test_recurrent_gradient_graphs_equal_float64_pytorch(case, tmp_path):
     torch64 = np.load(MODELS / case / "torch_reference.npz")
     for p, g in zip(info["requires_grad"], got):
         np.testing.assert_allclose(g, torch64[f"float64::grad0::{p}"], rtol=1e-4, atol=1e-6, err_msg=p)
+
+
+def test_a_bfloat16_model_s_gradient_graph_keeps_its_constants_bfloat16(tmp_path):
+    # onnx < 1.17 maps bfloat16 to float32 in helper.tensor_dtype_to_np_dtype:
+    # the gradient graph's constants then came out float and the graph ill-typed.
+    import ml_dtypes
+
+    from jaxort.graph._model import tensor_from_numpy
+    from jaxort.training import TrainProgram
+
+    bf16 = TensorProto.BFLOAT16
+    w = (np.random.default_rng(0).normal(size=(4, 3)) * 0.5).astype(ml_dtypes.bfloat16)
+    graph = helper.make_graph(
+        [N("MatMul", ["x", "w"], ["h"]), N("Sigmoid", ["h"], ["s"]), N("Mul", ["s", "h"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", bf16, [2, 4])], [helper.make_tensor_value_info("y", bf16, [2, 3])],
+        [tensor_from_numpy(w, "w")])
+    # Opset 21: ConstantOfShape takes bfloat16 from opset 20.
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    arts = generate_artifacts(model, requires_grad=["w"], loss=LossType.MSELoss, artifact_directory=tmp_path)
+    training = onnx.load(arts.training_model)
+    constants = [a.t.data_type for n in training.graph.node for a in n.attribute
+                 if a.type == onnx.AttributeProto.TENSOR]
+    assert bf16 in constants and TensorProto.FLOAT not in constants
+    onnx.shape_inference.infer_shapes(training, check_type=True, strict_mode=True)
+
+    start = ckpt.load(arts.checkpoint)
+    program = TrainProgram.from_artifacts(arts.training_model, arts.eval_model, checkpoint=start)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 4)).astype(ml_dtypes.bfloat16)
+    t = rng.normal(size=(2, 3)).astype(ml_dtypes.bfloat16)
+    state, (loss,) = program.train_step(program.init_state(start), x, t)
+    assert state.grads["w"].dtype == ml_dtypes.bfloat16
+
+    def mse(w):
+        h = jnp.asarray(x, jnp.float32) @ w
+        return jnp.mean((jax.nn.sigmoid(h) * h - jnp.asarray(t, jnp.float32)) ** 2)
+
+    want = jax.grad(mse)(jnp.asarray(w, jnp.float32))
+    # bfloat16 keeps 8 bits of mantissa; the graph rounds at every op.
+    np.testing.assert_allclose(np.asarray(state.grads["w"], np.float32), want, rtol=2e-2, atol=1e-2)
+    np.testing.assert_allclose(float(loss), float(mse(jnp.asarray(w, jnp.float32))), rtol=2e-2)

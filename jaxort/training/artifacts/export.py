@@ -17,11 +17,12 @@ from typing import Union
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, TrainingError
 from jaxort.graph import backward_slice, load_model, outer_reads
+from jaxort.graph._model import tensor_from_numpy
 
 __all__ = ["export_model_for_inferencing", "trim_inference_batchnorm_outputs"]
 
@@ -140,7 +141,7 @@ def export_model_for_inferencing(
             continue
         if vi.name in params:
             arr = _param_array(vi.name, params[vi.name], vi)
-            new_params.append(numpy_helper.from_array(arr, vi.name))
+            new_params.append(tensor_from_numpy(arr, vi.name))
         else:
             new_inputs.append(vi)
     constants = [t for t in graph.initializer if t.name in needed and t.name not in inputs]

@@ -38,10 +38,10 @@ from typing import Optional
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
-from jaxort.graph._model import tensor_to_numpy
+from jaxort.graph._model import numpy_dtype, tensor_from_numpy, tensor_to_numpy
 from jaxort.graph.ops._common import auto_pads
 
 __all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
@@ -94,8 +94,7 @@ class _Emitter:
     def const(self, value, elem_type: int) -> str:
         # A Constant node, not an initializer: the training model's initializers stay
         # the forward model's constants, as in ORT's files.
-        dtype = helper.tensor_dtype_to_np_dtype(elem_type)
-        return self.op("Constant", [], value=numpy_helper.from_array(np.asarray(value, dtype=dtype)))
+        return self.op("Constant", [], value=tensor_from_numpy(np.asarray(value, dtype=numpy_dtype(elem_type))))
 
     def static(self, name: str) -> Optional[np.ndarray]:
         """The value of an initializer or a Constant node's output, else None (indexed once)."""
@@ -218,7 +217,7 @@ def _unbroadcast_at_run_time(em: _Emitter, dy: str, x: str, y: str, lead: int) -
 
 def _filled(em: _Emitter, value: float, like: str, shape: Optional[str] = None) -> str:
     """A tensor of ``value`` in ``like``'s dtype, of ``like``'s shape or the 1-D shape tensor ``shape``."""
-    fill = numpy_helper.from_array(np.full(1, value, helper.tensor_dtype_to_np_dtype(em.elem_type(like))))
+    fill = tensor_from_numpy(np.full(1, value, numpy_dtype(em.elem_type(like))))
     return em.op("ConstantOfShape", [shape or em.op("Shape", [like])], value=fill)
 
 
