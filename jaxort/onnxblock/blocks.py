@@ -21,6 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
+from jaxort.graph._model import numpy_dtype, tensor_from_numpy
 from jaxort.onnxblock import _context
 from jaxort.training.artifacts._assemble import _check
 
@@ -140,10 +141,14 @@ def _import(model: onnx.ModelProto, domain: str, version: int) -> None:
         model.opset_import.append(helper.make_opsetid(domain, version))
 
 
-def _float_initializer(model: onnx.ModelProto, token: str, value: float) -> str:
-    # ORT writes these constants as float32 [1], whatever the model's type.
+def _float_initializer(model: onnx.ModelProto, token: str, value: float, elem_type: int = 0) -> str:
+    # ORT writes these constants as float32 [1], whatever the model's type;
+    # ``elem_type`` (a float type other than float32) writes them in that type.
     name = _name(token)
-    model.graph.initializer.append(helper.make_tensor(name, TensorProto.FLOAT, [1], [float(value)]))
+    if elem_type in (0, TensorProto.FLOAT):
+        model.graph.initializer.append(helper.make_tensor(name, TensorProto.FLOAT, [1], [float(value)]))
+    else:
+        model.graph.initializer.append(tensor_from_numpy(np.full(1, value, numpy_dtype(elem_type)), name))
     return name
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
+from jaxort.graph._model import numpy_dtype, tensor_from_numpy
 from jaxort.onnxblock import blocks
 from jaxort.onnxblock.blocks import _exists, _name, _value_info
 
@@ -50,9 +51,9 @@ def _weights(value, loss: str, what: str, like_type: int) -> np.ndarray:
     array = np.asarray(value)
     if array.dtype.kind not in "fiu":
         raise TrainingError(f"{loss}: {what} must be a number or an array of numbers, got {value!r}")
-    if like_type and array.dtype != helper.tensor_dtype_to_np_dtype(like_type):
+    if like_type and array.dtype != numpy_dtype(like_type):
         # SoftmaxCrossEntropyLoss and Mul need the scores' type; ORT takes the array as given.
-        array = array.astype(helper.tensor_dtype_to_np_dtype(like_type))
+        array = array.astype(numpy_dtype(like_type))
     return array
 
 
@@ -146,7 +147,7 @@ class CrossEntropyLoss(blocks.Block):
         weight_name = _name("celoss.weight")  # drawn with or without a weight, as ORT does
         if self._weight is not None:
             weight = _weights(self._weight, "CrossEntropyLoss", "weight", _elem_type(self.base, scores_input_name))
-            self.base.graph.initializer.append(numpy_helper.from_array(weight, weight_name))
+            self.base.graph.initializer.append(tensor_from_numpy(weight, weight_name))
         if not _exists(self.base, labels_name):
             # Classes are the last axis of the scores: (N, C) -> labels (N,).
             labels = _value_info(self.base, scores_input_name)
@@ -206,8 +207,10 @@ class BCEWithLogitsLoss(blocks.Block):
             weights[token] = _name(token)  # drawn with or without the weight, as ORT does
             if value is not None:
                 array = _weights(value, "BCEWithLogitsLoss", token.split(".")[1], like)
-                self.base.graph.initializer.append(numpy_helper.from_array(array, weights[token]))
-        ones = [blocks._float_initializer(self.base, "bceloss.sub_ones", 1.0) for _ in range(2)]
+                self.base.graph.initializer.append(tensor_from_numpy(array, weights[token]))
+        # ORT writes the ones as float32 whatever the scores' type (an ill-typed
+        # model for float16 or bfloat16 scores); jaxort writes them in that type.
+        ones = [blocks._float_initializer(self.base, "bceloss.sub_ones", 1.0, like) for _ in range(2)]
         if not _exists(self.base, target_name):
             target = _value_info(self.base, loss_input_name)
             target.name = target_name

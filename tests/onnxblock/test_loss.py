@@ -125,6 +125,28 @@ def test_class_weights_may_be_a_list_and_take_the_scores_type(rng, helpers):
            lambda s, xp: helpers.cross_entropy(s, labels, np.array(weight, np.float32), xp=xp), helpers)
 
 
+
+@pytest.mark.parametrize("loss, name, shape", [
+    (onnxblock.loss.CrossEntropyLoss(weight=[1.0, 2.0, 0.5, 1.5, 3.0]), "celoss.weight", CE_SHAPE),
+    (onnxblock.loss.BCEWithLogitsLoss(weight=[1.0, 2.0, 0.1]), "bceloss.weight", SHAPE)])
+def test_loss_constants_take_bfloat16_scores_type(loss, name, shape, helpers):
+    # onnx < 1.17 maps bfloat16 to float32 and cannot write ml_dtypes' bfloat16;
+    # ORT writes BCEWithLogitsLoss's ones as float32 (an ill-typed model here).
+    import ml_dtypes
+
+    from jaxort.graph._model import tensor_from_numpy
+
+    model = helpers.scores_model(shape)
+    for vi in list(model.graph.input) + list(model.graph.output):
+        vi.type.tensor_type.elem_type = TensorProto.BFLOAT16
+    model.graph.initializer[0].CopyFrom(tensor_from_numpy(np.ones(shape[-1], ml_dtypes.bfloat16), "w"))
+    _, training, _ = _build(loss, model)
+    init = next(t for t in training.graph.initializer if name in t.name)
+    assert init.data_type == TensorProto.BFLOAT16
+    want = np.asarray(loss._weight, np.float64).astype(ml_dtypes.bfloat16)
+    assert init.raw_data == want.tobytes()
+    assert {t.data_type for t in training.graph.initializer if "loss" in t.name} == {TensorProto.BFLOAT16}
+
 def _input_types(model):
     return {i.name: (i.type.tensor_type.elem_type, [d.dim_value for d in i.type.tensor_type.shape.dim])
             for i in model.graph.input}
