@@ -16,9 +16,9 @@ ORT's optimizers are optax transforms (:func:`scale_by_ort_adamw`,
 :class:`OptaxOptimizer`, its whole state saved in checkpoints; learning-rate schedules are optax schedules of the
 optimizer step (:func:`linear_lr_schedule`, applied with :func:`apply_schedule`).
 :func:`pack` puts a state's small tensors into one buffer per dtype (a
-:class:`PackedState`, which every step takes as it takes a TrainState, and
-faster: per-buffer costs dominate small models on CPU); :func:`unpack`
-gives the TrainState back. :class:`SessionState` is a checkpoint state and the session over it as one
+:class:`PackedState`, which every step and state helper takes as it takes a
+TrainState, which reads like one, and which trains faster: per-buffer costs
+dominate small models on CPU); :func:`unpack` gives the TrainState back. :class:`SessionState` is a checkpoint state and the session over it as one
 value, the core both facades delegate to; :class:`ParameterLayout` gives
 ORT's parameter-buffer order. :func:`shard` places a state on a
 ``jax.sharding.Mesh`` (data parallel or fully sharded, :mod:`jaxort.training.sharding`);

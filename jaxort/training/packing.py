@@ -26,13 +26,16 @@ three extra buffers cost more than the copy saves (ResNet-18 at widths 3-24,
 26k parameters: 1308 -> 1334 us; the 20-16-5 MLP: 72 -> 76 us).
 
 :class:`jaxort.training.TrainProgram`'s steps take either form and return
-the form they were given; the session facades train on packed states and
-unpack them only to read values. Layer: training (imports nothing above it).
+the form they were given; a packed state reads and changes like the
+TrainState it holds (:class:`PackedState`). The session facades train on
+packed states and unpack them only to read values. Layer: training (imports
+nothing above it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -188,12 +191,39 @@ def _pieces(buffers, slots) -> list:
     return [jax.lax.slice(buffers[g], (o,), (o + math.prod(s),)).reshape(s) for g, o, s in slots]
 
 
+def _write(buffer, offsets, values):
+    for offset, x in zip(offsets, values):
+        buffer = jax.lax.dynamic_update_slice(buffer, jnp.ravel(x).astype(buffer.dtype), (offset,))
+    return buffer
+
+
 _join_jit = jax.jit(_join)
 _pieces_jit = jax.jit(_pieces, static_argnums=1)
+_write_jit = jax.jit(_write, static_argnums=1)
+
+
+_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState))
+
+
+def _is_slot(x) -> bool:
+    return isinstance(x, tuple) and len(x) == 4 and isinstance(x[0], int)
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_tree(packing: Packing) -> TrainState:
+    """``packing.slots`` arranged as the state they describe: a TrainState of ``(group, offset, shape, dtype)``."""
+    return jax.tree.unflatten(packing.treedef, list(packing.slots))
 
 
 class PackedState:
     """A TrainState with its small leaves packed (see the module docstring); a JAX pytree.
+
+    It reads and changes like the TrainState it holds: ``params``,
+    ``grads``, ``learning_rate``, ``step`` and the other fields and
+    properties of :class:`TrainState` are that state's (unpacked once, see
+    :func:`unpack`), and :meth:`replace` returns a packed state. So the
+    state helpers (``set_learning_rate``, ``set_seed``, ``apply_schedule``,
+    ...) and ``TrainProgram.to_checkpoint`` take either form.
 
     Attributes:
       buffers: the packed buffers, one 1-D array per entry ``(dtype, size)`` of ``packing.groups``.
@@ -212,6 +242,51 @@ class PackedState:
     def __repr__(self) -> str:
         sizes = ", ".join(f"{dtype}[{size}]" for dtype, size in self.packing.groups)
         return f"PackedState(packed=[{sizes}], loose={len(self.loose)})"
+
+    def replace(self, **changes) -> "PackedState":
+        """:meth:`TrainState.replace` of the state held, packed.
+
+        Values that fit their fields' slots (same structure, shapes and
+        dtypes) are written into a copy of their buffers, the rest of the
+        state is shared; any other change packs the changed state anew.
+        Nothing is donated.
+        """
+        slots = _slot_tree(self.packing)
+        buffers, loose = list(self.buffers), list(self.loose)
+        writes: dict = {}
+        for name, value in changes.items():
+            if name not in _STATE_FIELDS:
+                raise TypeError(f"TrainState has no field {name!r}")
+            want = getattr(slots, name)
+            leaves, tree = jax.tree.flatten(value)
+            wanted, wanted_tree = jax.tree.flatten(want, is_leaf=_is_slot)
+            if tree != wanted_tree or any(
+                    tuple(np.shape(x)) != shape or np.dtype(getattr(x, "dtype", None)) != dtype
+                    for x, (_, _, shape, dtype) in zip(leaves, wanted)):
+                return pack(unpack(self).replace(**changes))
+            for x, (group, offset, _, _) in zip(leaves, wanted):
+                if group < 0:
+                    loose[offset] = x
+                else:
+                    writes.setdefault(group, []).append((offset, x))
+        for group, pairs in writes.items():
+            buffers[group] = _write_jit(buffers[group], tuple(o for o, _ in pairs), tuple(x for _, x in pairs))
+        return PackedState(tuple(buffers), tuple(loose), self.packing)
+
+
+def _read_through(name: str) -> property:
+    def read(self):
+        return getattr(unpack(self), name)
+
+    read.__name__ = name
+    read.__doc__ = f"The held TrainState's ``{name}`` (see :class:`TrainState`)."
+    return property(read)
+
+
+for _name in ("params", "frozen", "grads", "accumulate", "opt_state", "learning_rate",
+              "initial_learning_rate", "rng", "parameters", "step"):
+    setattr(PackedState, _name, _read_through(_name))
+del _name
 
 
 jax.tree_util.register_pytree_node(

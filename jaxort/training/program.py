@@ -693,7 +693,8 @@ class TrainProgram:
           The new state (gradients unchanged until the next train step, as in ORT).
         """
         if isinstance(state, PackedState):
-            return pack(self.lazy_reset_grad(unpack(state)), state.packing)
+            # Writes the flag into a copy of its (small) buffer; the rest is shared.
+            return state.replace(accumulate=np.zeros((), np.bool_))
         # zeros_like keeps the flag on the state's device (committed like the
         # rest of the state), so the next train step does not recompile; on a
         # mesh the next step puts it back on the mesh if it left it.

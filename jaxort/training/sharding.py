@@ -40,6 +40,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxort.errors import InputError, TrainingError
+from jaxort.training.packing import unpack
 from jaxort.training.state import TrainState
 
 __all__ = ["BATCH_AXES", "STRATEGIES", "Placement", "gather", "make_mesh", "placement_of", "shard"]
@@ -211,8 +212,10 @@ def shard(state: TrainState, mesh: Mesh, strategy: str = "data") -> TrainState:
     """Places a TrainState on a mesh: data parallel or fully sharded.
 
     Args:
-      state: the state (any placement; numpy leaves too). With several
-        processes every process passes the same values.
+      state: the state (any placement; numpy leaves too; a
+        :class:`jaxort.training.PackedState` is unpacked: steps on a mesh take
+        the TrainState). With several processes every process passes the
+        same values.
       mesh: a ``jax.sharding.Mesh`` with axes ``"data"`` and/or ``"fsdp"``.
       strategy: ``"data"`` (everything replicated) or ``"fsdp"``
         (parameters, gradients and optimizer moments split along ``"fsdp"``
@@ -225,7 +228,7 @@ def shard(state: TrainState, mesh: Mesh, strategy: str = "data") -> TrainState:
       TrainingError: not a mesh, an unknown strategy, or axes other than
         ``"data"`` / ``"fsdp"`` (``"fsdp"`` needs an ``"fsdp"`` axis).
     """
-    return Placement(mesh, strategy).place_state(state)
+    return Placement(mesh, strategy).place_state(unpack(state))
 
 
 def placement_of(state: TrainState) -> Optional[Mesh]:
@@ -236,7 +239,7 @@ def placement_of(state: TrainState) -> Optional[Mesh]:
     293 leaves costs ~50 us); other leaves may have left the mesh (a new
     learning rate) and are put back by the step.
     """
-    params = getattr(state, "params", None)
+    params = state.params if isinstance(state, TrainState) else None  # a PackedState's would unpack it
     for leaf in params.values() if isinstance(params, dict) else ():
         sharding = getattr(leaf, "sharding", None)
         if sharding is not None:

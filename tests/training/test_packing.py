@@ -152,6 +152,58 @@ def test_a_state_that_does_not_fit_the_packing_is_refused(golden):
         pack(bad, packing)
 
 
+
+def test_a_packed_state_reads_and_changes_like_the_train_state_it_holds(golden):
+    from jaxort.training import (apply_schedule, linear_lr_schedule, make_mesh, set_initial_learning_rate,
+                                 set_learning_rate, set_seed, shard)
+
+    program, start, batches, _ = _golden(golden, "mlp_adamw")
+    state = program.init_state(start)
+    packed = pack(state)
+    for field in ("params", "frozen", "grads", "accumulate", "opt_state", "learning_rate",
+                  "initial_learning_rate", "rng", "parameters", "step"):
+        _assert_same(getattr(packed, field), getattr(state, field))
+    # The values of ORT's checkpoint, read through the packed state.
+    assert sorted(packed.params) == sorted(start.trainable)
+    for name, value in start.trainable.items():
+        np.testing.assert_array_equal(packed.params[name], value)
+
+    for change in (lambda s: set_learning_rate(s, 0.05), lambda s: set_initial_learning_rate(s, 0.02),
+                   lambda s: set_seed(s, 7), lambda s: apply_schedule(s, linear_lr_schedule(0.1, 2, 10))):
+        changed = change(packed)
+        assert isinstance(changed, PackedState) and changed.packing == packed.packing
+        _assert_same(unpack(changed), change(state))
+    # Values that fit are written into copies of their buffers; the rest is shared.
+    bumped = jax.tree.map(lambda x: x + 1, state.params)
+    changed = packed.replace(params=bumped)
+    assert changed.packing == packed.packing
+    _assert_same(unpack(changed), state.replace(params=bumped))
+    sizes = sorted({int(np.size(x)) for x in jax.tree.leaves(state)})
+    partly = pack(state, Packing.of(state, max_elements=sizes[-2]))
+    changed = set_learning_rate(partly, 0.5)
+    assert partly.loose and all(a is b for a, b in zip(changed.loose, partly.loose))
+    assert float(changed.learning_rate) == 0.5
+    with pytest.raises(TypeError, match="no field 'lr'"):
+        packed.replace(lr=0.1)
+    # A change of structure packs anew.
+    bare = packed.replace(opt_state=())
+    assert isinstance(bare, PackedState) and bare.packing != packed.packing
+    _assert_same(unpack(bare), state.replace(opt_state=()))
+
+    got = program.to_checkpoint(packed, include_optimizer_state=True)
+    assert ckpt.to_bytes(got) == ckpt.to_bytes(program.to_checkpoint(state, include_optimizer_state=True))
+    for name, value in start.trainable.items():
+        np.testing.assert_array_equal(got.trainable[name], value)
+    # lazy_reset_grad does not donate the packed state it is given (nor a TrainState).
+    trained, _ = program.train_step(pack(program.init_state(start)), *batches[0])
+    reset = program.lazy_reset_grad(trained)
+    assert bool(trained.accumulate) and not bool(reset.accumulate)
+    assert [np.asarray(b).shape for b in trained.buffers] == [np.asarray(b).shape for b in reset.buffers]
+    # Steps on a mesh take the TrainState: shard unpacks.
+    placed = shard(packed, make_mesh())
+    assert isinstance(placed, TrainState)
+    _assert_same(placed, state)
+
 def test_the_facades_train_packed_and_read_the_same_values(golden):
     # jaxort.api's loop trains on a packed state; what it reads and saves is
     # what the functional core computes on the plain state.
