@@ -197,9 +197,14 @@ def _write(buffer, offsets, values):
     return buffer
 
 
+def _zero_at(buffer, offset):
+    return buffer.at[offset].set(jnp.zeros((), buffer.dtype))
+
+
 _join_jit = jax.jit(_join)
 _pieces_jit = jax.jit(_pieces, static_argnums=1)
 _write_jit = jax.jit(_write, static_argnums=1)
+_zero_at_jit = jax.jit(_zero_at, static_argnums=1)
 
 
 _STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState))
@@ -272,6 +277,21 @@ class PackedState:
         for group, pairs in writes.items():
             buffers[group] = _write_jit(buffers[group], tuple(o for o, _ in pairs), tuple(x for _, x in pairs))
         return PackedState(tuple(buffers), tuple(loose), self.packing)
+
+
+def cleared(state: PackedState, name: str) -> PackedState:
+    """``state`` with its scalar field ``name`` (e.g. ``"accumulate"``) zero: one small write, nothing donated."""
+    slot = getattr(_slot_tree(state.packing), name)
+    if not _is_slot(slot) or slot[2] != ():
+        raise TrainingError(f"cleared() sets a scalar field, not {name!r}")
+    group, offset, _, _ = slot
+    if group < 0:
+        loose = list(state.loose)
+        loose[offset] = jnp.zeros_like(loose[offset])
+        return PackedState(state.buffers, tuple(loose), state.packing)
+    buffers = list(state.buffers)
+    buffers[group] = _zero_at_jit(buffers[group], offset)
+    return PackedState(tuple(buffers), state.loose, state.packing)
 
 
 def _read_through(name: str) -> property:

@@ -36,7 +36,7 @@ from jaxort.graph import JaxGraph, load_model
 from jaxort.graph._values import NodeKey
 from jaxort.training.artifacts import read as ort_artifacts
 from jaxort.training.layout import ParameterLayout
-from jaxort.training.packing import PackedState, Packing, pack, unpack
+from jaxort.training.packing import PackedState, Packing, cleared, pack, unpack
 from jaxort.training.optimizers import (DEFAULT_LEARNING_RATE, OptaxOptimizer, OrtOptimizer, _is_ort_state,
                                         as_optimizer, optimizer_from_model)
 from jaxort.training.precision import Policy, cast_model, compute_names
@@ -694,7 +694,7 @@ class TrainProgram:
         """
         if isinstance(state, PackedState):
             # Writes the flag into a copy of its (small) buffer; the rest is shared.
-            return state.replace(accumulate=np.zeros((), np.bool_))
+            return cleared(state, "accumulate")
         # zeros_like keeps the flag on the state's device (committed like the
         # rest of the state), so the next train step does not recompile; on a
         # mesh the next step puts it back on the mesh if it left it.

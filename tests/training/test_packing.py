@@ -198,6 +198,7 @@ def test_a_packed_state_reads_and_changes_like_the_train_state_it_holds(golden):
     trained, _ = program.train_step(pack(program.init_state(start)), *batches[0])
     reset = program.lazy_reset_grad(trained)
     assert bool(trained.accumulate) and not bool(reset.accumulate)
+    _assert_same(unpack(reset), unpack(trained).replace(accumulate=np.zeros((), np.bool_)))
     assert [np.asarray(b).shape for b in trained.buffers] == [np.asarray(b).shape for b in reset.buffers]
     # Steps on a mesh take the TrainState: shard unpacks.
     placed = shard(packed, make_mesh())
