@@ -6,7 +6,9 @@ them in ``--full`` (or ``--workloads W8,W9``).
 Systems (each one skipped when its library does not import or it does not apply):
 
 - ``core``: jaxort's functional core, ``TrainProgram.train_and_update`` on ORT's artifacts
-  (jaxort's own where ORT is not importable and none are cached);
+  (jaxort's own where ORT is not importable and none are cached), on a packed state
+  (``jaxort.training.pack``, as the README advises on CPU; ``core_steps`` and
+  ``core_nofuse`` too);
 - ``core_steps``: the core's three jitted calls (``train_step``, ``optimizer_step``,
   ``lazy_reset_grad``), W5 only: the reference of the facade overhead;
 - ``core_nofuse``: ``core`` with ``fuse=False`` (``--full`` only);
@@ -195,12 +197,12 @@ def _make_systems(w, folders, pinned, wanted, warmup):
     def core(fuse=True, separate=False):
         def factory():
             from jaxort import checkpoint as ckpt
-            from jaxort.training import TrainProgram
+            from jaxort.training import TrainProgram, pack
 
             train_p, eval_p, opt_p, ck = _paths(core_folder)
             data = ckpt.load(ck)
             program = TrainProgram.from_artifacts(train_p, eval_p, opt_p, checkpoint=data, fuse=fuse)
-            box = {"s": program.init_state(data)}
+            box = {"s": pack(program.init_state(data))}  # the README's advice for the core on CPU
 
             def train(i):
                 x, y = batches[i % nb]
