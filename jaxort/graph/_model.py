@@ -79,14 +79,22 @@ def tensor_to_numpy(tensor: onnx.TensorProto) -> np.ndarray:
     """``onnx.numpy_helper.to_array`` in the tensor's own dtype.
 
     onnx < 1.17 returns bfloat16 and float8 tensors as float32 (and its
-    float8 decoder fails under numpy 2), and 4-bit integers as 8-bit ones:
-    the narrow floats stored as raw data are read here, the rest cast back,
-    exactly, to the ml_dtypes type jaxort maps them to, so a model's dtypes
-    do not depend on the installed onnx.
+    float8 decoder fails under numpy 2), 4-bit integers as 8-bit ones, and
+    does not know 4-bit floats: the narrow types stored as raw data are read
+    here, the rest cast back, exactly, to the ml_dtypes type jaxort maps
+    them to, so a model's dtypes do not depend on the installed onnx.
     """
     if tensor.data_type in _NARROW_FLOATS and tensor.raw_data and sys.byteorder == "little":
         dtype = to_numpy_dtype(tensor.data_type)
         return np.frombuffer(tensor.raw_data, dtype).reshape(tuple(tensor.dims)).copy()
+    if tensor.data_type in _FOUR_BIT_CODES.values() and tensor.raw_data:
+        packed = np.frombuffer(tensor.raw_data, np.uint8)
+        nibbles = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(-1)[:math.prod(tensor.dims)]
+        if tensor.data_type == onnx.TensorProto.INT4:  # two's complement in four bits
+            nibbles = np.where(nibbles >= 8, nibbles.astype(np.int16) - 16, nibbles)
+            return nibbles.astype(np.int8).astype(to_numpy_dtype(tensor.data_type)).reshape(tuple(tensor.dims))
+        # uint4 and float4e2m1: ml_dtypes holds the four bits in the low half of a byte.
+        return nibbles.astype(np.uint8).view(to_numpy_dtype(tensor.data_type)).reshape(tuple(tensor.dims))
     arr = numpy_helper.to_array(tensor)
     try:
         dtype = to_numpy_dtype(tensor.data_type)
@@ -98,16 +106,33 @@ def tensor_to_numpy(tensor: onnx.TensorProto) -> np.ndarray:
 
 
 def tensor_from_numpy(array: np.ndarray, name: str = "") -> onnx.TensorProto:
-    """``onnx.numpy_helper.from_array``, with bfloat16 and float8 written as raw bytes here.
+    """``onnx.numpy_helper.from_array``, with ml_dtypes' narrow types written as raw bytes here.
 
-    onnx < 1.17 cannot map ml_dtypes' bfloat16 and float8 types; newer ones
-    write the same raw bytes.
+    onnx < 1.17 cannot map ml_dtypes' bfloat16, float8 and 4-bit types;
+    newer ones write the same raw bytes (4-bit values two to a byte, the
+    first in the low half).
     """
-    code = _NARROW_CODES.get(np.dtype(array.dtype))
+    dtype = np.dtype(array.dtype)
+    code = _NARROW_CODES.get(dtype)
     if code is not None and sys.byteorder == "little":
         array = np.ascontiguousarray(array)
-        return helper.make_tensor(name, code, array.shape, array.tobytes(), raw=True)
+        return _raw_tensor(name, code, array.shape, array.tobytes())
+    code = _FOUR_BIT_CODES.get(dtype)
+    if code is not None:
+        nibbles = np.ascontiguousarray(array).reshape(-1).view(np.uint8) & 0x0F  # ml_dtypes: one per byte
+        if nibbles.size % 2:
+            nibbles = np.append(nibbles, np.uint8(0))
+        packed = nibbles[0::2] | (nibbles[1::2] << 4)
+        return _raw_tensor(name, code, array.shape, packed.astype(np.uint8).tobytes())
     return numpy_helper.from_array(array, name)
+
+
+def _raw_tensor(name: str, code: int, shape, data: bytes) -> onnx.TensorProto:
+    # Not helper.make_tensor: it checks the size with onnx's own table, which
+    # lacks the newer types (float4e2m1 before onnx 1.18).
+    tensor = onnx.TensorProto(name=name, data_type=code, dims=list(shape))
+    tensor.raw_data = data
+    return tensor
 
 
 def numpy_dtype(elem_type: int) -> np.dtype:
@@ -126,6 +151,8 @@ def numpy_dtype(elem_type: int) -> np.dtype:
 # bfloat16 and the float8 types jaxort maps to ml_dtypes (TensorProto codes).
 _NARROW_FLOATS = frozenset(code for code in (16, 17, 18, 19, 20, 24) if code in ONNX_TO_NUMPY)
 _NARROW_CODES = {ONNX_TO_NUMPY[code]: code for code in _NARROW_FLOATS}
+# uint4, int4, float4e2m1: two to a byte in ONNX, one to a byte in ml_dtypes.
+_FOUR_BIT_CODES = {ONNX_TO_NUMPY[code]: code for code in (21, 22, 23) if code in ONNX_TO_NUMPY}
 
 
 def _cannot_check(e: Exception) -> ModelError:
@@ -134,10 +161,11 @@ def _cannot_check(e: Exception) -> ModelError:
                       "pass check=False to skip the checker")
 
 
-# Packed types: bits per element in raw_data.
-_SUB_BYTE_BITS = {getattr(onnx.TensorProto, name): bits for name, bits in (
-    ("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2),
-    ("FLOAT6E2M3", 6), ("FLOAT6E3M2", 6)) if hasattr(onnx.TensorProto, name)}
+# Packed types: bits per element in raw_data (UINT4, INT4, FLOAT4E2M1, UINT2
+# and INT2 by number, whatever the installed onnx knows).
+_SUB_BYTE_BITS = {21: 4, 22: 4, 23: 4, 25: 2, 26: 2}
+_SUB_BYTE_BITS.update({getattr(onnx.TensorProto, name): 6 for name in ("FLOAT6E2M3", "FLOAT6E3M2")
+                       if hasattr(onnx.TensorProto, name)})
 
 
 def _graphs(graph: onnx.GraphProto):
@@ -200,8 +228,8 @@ def _tensor_problem(tensor: onnx.TensorProto) -> str:
     if any(d < 0 for d in dims):
         return f"negative dims {dims}"
     dtype = tensor.data_type
-    if dtype not in onnx.TensorProto.DataType.values() or dtype == onnx.TensorProto.UNDEFINED:
-        return f"unknown data_type {dtype}"
+    if (dtype not in onnx.TensorProto.DataType.values() and dtype not in ONNX_TO_NUMPY) or dtype == 0:
+        return f"unknown data_type {dtype}"  # jaxort's table knows types newer than some onnx versions
     count = math.prod(dims)
     if dtype == onnx.TensorProto.STRING:
         given = len(tensor.string_data)

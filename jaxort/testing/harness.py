@@ -36,6 +36,7 @@ import onnx
 from onnx import helper
 
 from jaxort.dtypes import to_onnx_type
+from jaxort.graph._model import tensor_from_numpy
 
 __all__ = [
     "NodeCase",
@@ -75,13 +76,12 @@ def default_tolerance(dtype) -> tuple:
 
 
 def _tensor(name: str, value: np.ndarray) -> onnx.TensorProto:
-    # make_tensor from raw bytes keeps ml_dtypes (bfloat16, float8) and strings
-    # on every onnx version; numpy_helper.from_array does not before onnx 1.17.
+    # tensor_from_numpy keeps ml_dtypes' types (bfloat16, float8, 4-bit) on
+    # every onnx version; numpy_helper.from_array does not before onnx 1.17.
     if value.dtype.kind in "OUS":
         return helper.make_tensor(name, onnx.TensorProto.STRING, value.shape,
                                   [str(v).encode() for v in value.reshape(-1)])
-    return helper.make_tensor(name, to_onnx_type(value.dtype), value.shape,
-                              np.ascontiguousarray(value).tobytes(), raw=True)
+    return tensor_from_numpy(value, name)
 
 
 def node_model(

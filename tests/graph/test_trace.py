@@ -512,3 +512,45 @@ def test_random_nodes_in_function_bodies_never_share_a_key():
     # The same key gives the same draws: keys are a function of the node, not of the call.
     again = g.apply({}, np.ones(1, np.float32), rng=jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(again[0]), r_fn)
+
+
+@pytest.mark.parametrize("name, opset", [("bfloat16", 19), ("float8_e5m2", 19), ("int4", 21), ("uint4", 21),
+                                         ("float4_e2m1fn", 23)])
+def test_narrow_tensors_are_written_and_read_alike_whatever_the_installed_onnx(name, opset):
+    # onnx < 1.17 cannot write ml_dtypes' narrow types, reads them back as
+    # float32 or 8-bit integers, and knows no 4-bit float.
+    import ml_dtypes
+
+    from jaxort.dtypes import to_onnx_type
+    from jaxort.graph._model import tensor_from_numpy, tensor_to_numpy
+
+    dtype = np.dtype(getattr(ml_dtypes, name))
+    raw = {"int4": [-8, -1, 7], "uint4": [8, 15, 7]}.get(name, [0.5, -1.5, 6.0])
+    values = np.array(raw, np.float32).astype(dtype).reshape(3, 1)  # odd: half a byte of padding in 4 bits
+    t = tensor_from_numpy(values, "w")
+    assert (t.data_type, list(t.dims)) == (to_onnx_type(dtype), [3, 1])
+    if name in ("int4", "uint4"):
+        # Two to a byte, the first in the low half (onnx.proto): nibbles 8, 15 | 7, padding.
+        assert t.raw_data == bytes([0xF8, 0x07])
+    elif name == "float4_e2m1fn":
+        assert len(t.raw_data) == 2
+    try:
+        reference = numpy_helper.from_array(values, "w")
+    except (RuntimeError, KeyError, TypeError, ValueError):  # an onnx that cannot write the type
+        reference = None
+    if reference is not None:
+        assert t.SerializeToString() == reference.SerializeToString()
+    back = tensor_to_numpy(t)
+    assert back.dtype == dtype
+    np.testing.assert_array_equal(back.astype(np.float32), values.astype(np.float32))
+
+    if opset > onnx.defs.onnx_opset_version():
+        return  # jaxort refuses models of opsets newer than the installed onnx (float4 needs 23)
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", t.data_type, [3, 1])], [t])
+    g = JaxGraph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), check=False)
+    if "int" not in name:  # float initializers are parameters, integer ones constants
+        assert g.params["w"].dtype == dtype
+    (out,) = g.apply(g.params)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(out).astype(np.float32), values.astype(np.float32))
