@@ -88,13 +88,14 @@ def tensor_to_numpy(tensor: onnx.TensorProto) -> np.ndarray:
         dtype = to_numpy_dtype(tensor.data_type)
         return np.frombuffer(tensor.raw_data, dtype).reshape(tuple(tensor.dims)).copy()
     if tensor.data_type in _FOUR_BIT_CODES.values() and tensor.raw_data:
+        dtype, shape = to_numpy_dtype(tensor.data_type), tuple(tensor.dims)
         packed = np.frombuffer(tensor.raw_data, np.uint8)
-        nibbles = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(-1)[:math.prod(tensor.dims)]
+        nibbles = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(-1)[:math.prod(shape)]
         if tensor.data_type == onnx.TensorProto.INT4:  # two's complement in four bits
             nibbles = np.where(nibbles >= 8, nibbles.astype(np.int16) - 16, nibbles)
-            return nibbles.astype(np.int8).astype(to_numpy_dtype(tensor.data_type)).reshape(tuple(tensor.dims))
+            return nibbles.astype(np.int8).astype(dtype).reshape(shape)
         # uint4 and float4e2m1: ml_dtypes holds the four bits in the low half of a byte.
-        return nibbles.astype(np.uint8).view(to_numpy_dtype(tensor.data_type)).reshape(tuple(tensor.dims))
+        return nibbles.astype(np.uint8).view(dtype).reshape(shape)
     arr = numpy_helper.to_array(tensor)
     try:
         dtype = to_numpy_dtype(tensor.data_type)
@@ -151,8 +152,6 @@ def numpy_dtype(elem_type: int) -> np.dtype:
 # bfloat16 and the float8 types jaxort maps to ml_dtypes (TensorProto codes).
 _NARROW_FLOATS = frozenset(code for code in (16, 17, 18, 19, 20, 24) if code in ONNX_TO_NUMPY)
 _NARROW_CODES = {ONNX_TO_NUMPY[code]: code for code in _NARROW_FLOATS}
-# uint4, int4, float4e2m1: two to a byte in ONNX, one to a byte in ml_dtypes.
-_FOUR_BIT_CODES = {ONNX_TO_NUMPY[code]: code for code in (21, 22, 23) if code in ONNX_TO_NUMPY}
 
 
 def _cannot_check(e: Exception) -> ModelError:
@@ -166,6 +165,9 @@ def _cannot_check(e: Exception) -> ModelError:
 _SUB_BYTE_BITS = {21: 4, 22: 4, 23: 4, 25: 2, 26: 2}
 _SUB_BYTE_BITS.update({getattr(onnx.TensorProto, name): 6 for name in ("FLOAT6E2M3", "FLOAT6E3M2")
                        if hasattr(onnx.TensorProto, name)})
+# uint4, int4, float4e2m1 by dtype: two to a byte in ONNX, one to a byte in ml_dtypes.
+_FOUR_BIT_CODES = {ONNX_TO_NUMPY[code]: code for code, bits in _SUB_BYTE_BITS.items()
+                   if bits == 4 and code in ONNX_TO_NUMPY}
 
 
 def _graphs(graph: onnx.GraphProto):

@@ -197,14 +197,9 @@ def _write(buffer, offsets, values):
     return buffer
 
 
-def _zero_at(buffer, offset):
-    return buffer.at[offset].set(jnp.zeros((), buffer.dtype))
-
-
 _join_jit = jax.jit(_join)
 _pieces_jit = jax.jit(_pieces, static_argnums=1)
 _write_jit = jax.jit(_write, static_argnums=1)
-_zero_at_jit = jax.jit(_zero_at, static_argnums=1)
 
 
 _STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState))
@@ -290,7 +285,7 @@ def cleared(state: PackedState, name: str) -> PackedState:
         loose[offset] = jnp.zeros_like(loose[offset])
         return PackedState(state.buffers, tuple(loose), state.packing)
     buffers = list(state.buffers)
-    buffers[group] = _zero_at_jit(buffers[group], offset)
+    buffers[group] = _write_jit(buffers[group], (offset,), (np.zeros((), buffers[group].dtype),))
     return PackedState(tuple(buffers), state.loose, state.packing)
 
 
