@@ -1,0 +1,236 @@
+"""The gradient graph of a training model, for ONNX Runtime to run.
+
+jaxort trains with ``jax.grad`` and never runs a gradient graph. ONNX Runtime
+does: its ``Module`` runs training_model.onnx, and a trainable parameter's
+gradient reaches it only through the ``com.microsoft::InPlaceAccumulatorV2``
+node that writes ``<param>_grad.accumulation.buffer`` (its output
+``<param>_grad.accumulation.out`` is a bool flag). :func:`add_gradient_graph`
+appends that part to a forward + loss model: reverse-mode differentiation
+node by node, then one accumulator per parameter, as ORT's gradient builder
+ends its graph.
+
+Each node's rule writes what ORT's gradient builder writes for the op where
+that is one of ORT's gradient kernels (ConvGrad, BatchNormalizationGrad,
+LayerNormalizationGrad, SoftmaxGrad_13, FusedMatMul, GatherGrad, ReluGrad,
+SigmoidGrad, TanhGrad, QuickGeluGrad, SoftmaxCrossEntropyLossGrad, Scale,
+LSTMGrad, GRUGrad, ...; ``x * Sigmoid(x)`` is first fused into QuickGelu, as
+ORT fuses it), and standard ONNX ops otherwise. With the same kernels ORT computes
+the same float32 gradients as on its own artifacts, bit for bit on the
+corpus's convolutional networks; docs/gradient-graph.md shows why that
+matters and why the rules are per node rather than JAX's backward pass
+converted to ONNX (a jaxpr of ``jax.grad`` has XLA primitives with no ONNX
+op, recomputes the forward pass, and rounds as XLA does). jaxort's graph
+executor runs all of these kernels, so the graphs can be checked without ORT.
+
+The rules cover the ops of MLPs, CNNs, transformers, LSTMs, GRUs and ORT's
+losses (see :data:`RULES` and :data:`MS_RULES`); any other op on the path
+from a trainable parameter to the loss is a
+:class:`jaxort.errors.TrainingError` naming the node and op, raised before
+any file is written.
+
+The rules live in one module per op family (``arithmetic``, ``activation``,
+``layout``, ``reduce``, ``matmul``, ``norm``, ``loss``, ``rnn``), each with
+a ``RULES`` table (and ``MS_RULES`` for com.microsoft forms) that this
+package merges; an op type in two tables is an error at import.
+
+Part of the training layer: it uses onnx only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Optional
+
+import onnx
+from onnx import TensorProto, helper
+
+from jaxort.errors import TrainingError
+from jaxort.training.artifacts.gradient import activation, arithmetic, layout, matmul, norm, reduce, rnn
+from jaxort.training.artifacts.gradient import loss as _loss
+from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _error, _filled
+from jaxort.training.artifacts.gradient.activation import _fuse_quick_gelu
+from jaxort.training.artifacts.gradient.norm import to_batch_norm_internal
+from jaxort.training.artifacts.gradient.rnn import _RNN_PLAIN, _RNN_STATES
+
+__all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
+
+# The lowest default-domain opset the rules are written for (ReduceSum and
+# Unsqueeze take axes as an input from 13); MaxPool's needs 16 (ScatterElements
+# reduces from 16).
+MIN_OPSET = 13
+
+
+def gradient_name(param: str) -> str:
+    """The value holding a parameter's gradient, as ORT names it (``<param>_grad``)."""
+    return f"{param}_grad"
+
+
+def _merged(tables: Iterable[dict]) -> dict:
+    """One op type -> rule table of the families' tables."""
+    merged: dict = {}
+    for table in tables:
+        twice = sorted(merged.keys() & table.keys())
+        if twice:
+            raise ValueError(f"gradient rules for {twice} are registered twice")
+        merged.update(table)
+    return merged
+
+
+_FAMILIES = (arithmetic, activation, layout, reduce, matmul, norm, _loss, rnn)
+
+#: op type -> rule, for default-domain nodes on the path from a parameter to the loss.
+RULES: dict = _merged(family.RULES for family in _FAMILIES)
+
+#: com.microsoft op type -> rule: the training forms generate_artifacts writes.
+MS_RULES: dict = _merged(getattr(family, "MS_RULES", {}) for family in _FAMILIES)
+
+
+def _shapes(model: onnx.ModelProto) -> dict:
+    """name -> (elem_type, dims or None); a dim is an int, a dim_param string, or None."""
+    # onnx's shape inference does not know BatchNormInternal; its output 0 has the shape
+    # of a BatchNormalization's.
+    # Nor LSTMTraining and GRUTraining; their first outputs are an LSTM's and a GRU's.
+    # Nor QuickGelu, elementwise.
+    plain = onnx.ModelProto()
+    plain.CopyFrom(model)
+    for node in plain.graph.node:
+        if node.op_type == "BatchNormInternal" and node.domain == _MS_DOMAIN:
+            node.op_type, node.domain = "BatchNormalization", ""
+            del node.output[1:]
+            kept = [a for a in node.attribute if a.name in ("epsilon", "momentum")]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+        elif node.op_type == "QuickGelu" and node.domain == _MS_DOMAIN:  # elementwise
+            node.op_type, node.domain = "Sigmoid", ""
+            del node.attribute[:]
+        elif node.op_type in _RNN_PLAIN and node.domain == _MS_DOMAIN:
+            plain_op = _RNN_PLAIN[node.op_type]
+            node.op_type, node.domain = plain_op, ""
+            del node.output[_RNN_STATES[plain_op]:]
+    inferred = onnx.shape_inference.infer_shapes(plain, strict_mode=False)
+    out = {}
+    infos = [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]
+    for vi in infos:
+        t = vi.type.tensor_type
+        dims = None
+        if t.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        out[vi.name] = (t.elem_type, dims)
+    for init in inferred.graph.initializer:
+        out[init.name] = (init.data_type, list(init.dims))
+    return out
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 0
+
+
+def _captured(node: onnx.NodeProto) -> set:
+    """The outer values the node's subgraphs (If, Loop, Scan bodies) read, recursively."""
+    names: set = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for graph in graphs:
+            for inner in graph.node:
+                names.update(inner.input)
+                names |= _captured(inner)
+    return names
+
+
+def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[str]) -> None:
+    """Appends the gradient graph and ORT's accumulators to a training model, in place.
+
+    Args:
+      model: forward + loss, parameters as graph inputs, with
+        ``<param>_grad.accumulation.buffer`` and ``lazy_reset_grad`` inputs
+        (what :func:`jaxort.training.artifacts.build_training_model` makes).
+        Nodes are in topological order, as ONNX requires.
+      loss: the loss value (a graph output).
+      trainable: the trainable parameters, in graph input order.
+
+    Afterwards ``<param>_grad`` holds d loss / d param, and each
+    ``InPlaceAccumulatorV2(<param>_grad.accumulation.buffer, <param>_grad,
+    lazy_reset_grad)`` writes the buffer and outputs
+    ``<param>_grad.accumulation.out``, appended to the graph outputs in
+    ``trainable`` order. Forward nodes whose rule needs an optional output
+    (SoftmaxCrossEntropyLoss's log_prob, MaxPool's Indices, LayerNormalization's
+    Mean and InvStdDev) gain it, and ``x * Sigmoid(x)`` becomes com.microsoft
+    QuickGelu, as in ORT's training models.
+
+    Raises:
+      TrainingError: a node on the path from a trainable parameter to the
+        loss has no rule (or a form its rule does not cover), naming the node
+        and op; or the model's opset is below 13. The model is then unchanged.
+    """
+    opset = _default_opset(model)
+    if opset < MIN_OPSET:
+        raise TrainingError(f"cannot write the gradient graph ONNX Runtime needs: the model has opset "
+                            f"{opset}, and the gradient rules need opset {MIN_OPSET} or newer")
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    _fuse_quick_gelu(work)
+    em = _Emitter(work, _shapes(work), opset)
+    forward = list(work.graph.node)
+
+    # Values that depend on a trainable parameter through floating-point tensors.
+    depends = set(trainable)
+    captures = {id(node): _captured(node) for node in forward}
+    for node in forward:
+        if any(i in depends for i in node.input) or captures[id(node)] & depends:
+            depends.update(o for o in node.output if o and em.shapes.get(o, (0,))[0] in _FLOAT_TYPES)
+    grads: dict = {}
+
+    def total(name: str) -> Optional[str]:
+        parts = grads.get(name)
+        if not parts:
+            return None
+        if len(parts) > 1:
+            grads[name] = [em.op("Sum", parts)]
+        return grads[name][0]
+
+    seed = _filled(em, 1.0, loss)
+    grads[loss] = [seed]
+    for node in reversed(forward):
+        dys = [total(o) if o else None for o in node.output]
+        if all(d is None for d in dys):
+            continue
+        needs = [bool(i) and i in depends for i in node.input]
+        if captures[id(node)] & depends:
+            raise _error(node, "reads a value that depends on a trainable parameter inside its subgraph; "
+                               "control flow has no gradient rule in jaxort yet")
+        if not any(needs):
+            continue
+        rule = (RULES if node.domain in ("", "ai.onnx") else MS_RULES if node.domain == _MS_DOMAIN
+                else {}).get(node.op_type)
+        if rule is None:
+            raise _error(node, "has no gradient rule in jaxort yet; ONNX Runtime would train the file "
+                               "with zero gradients, so none is written (jaxort's own artifacts still "
+                               "train in jaxort: generate_artifacts(..., gradient_graph=False))")
+        dxs = rule(em, node, dys, needs)
+        for x, dx, need in zip(node.input, dxs, needs):
+            if need and dx is not None:
+                grads.setdefault(x, []).append(dx)
+
+    g = work.graph
+    outputs = []
+    for p in trainable:
+        grad = total(p)
+        if grad is None:
+            grad = _filled(em, 0.0, p)
+        em.nodes.append(helper.make_node("Identity", [grad], [gradient_name(p)], name=em.name("grad_of")))
+        out = f"{p}_grad.accumulation.out"
+        em.nodes.append(helper.make_node(
+            "InPlaceAccumulatorV2", [f"{p}_grad.accumulation.buffer", gradient_name(p), "lazy_reset_grad"],
+            [out], name=f"GradientAccumulator{len(outputs) + 1}", domain=_MS_DOMAIN))
+        outputs.append(helper.make_tensor_value_info(out, TensorProto.BOOL, [1]))
+    g.node.extend(em.nodes)
+    g.output.extend(outputs)
+    if not any(imp.domain == _MS_DOMAIN for imp in work.opset_import):
+        work.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
+    model.CopyFrom(work)
+
+
+_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})

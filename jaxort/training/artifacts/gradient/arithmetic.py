@@ -1,0 +1,106 @@
+"""Gradient rules of arithmetic and other elementwise ops: Add ... Pow, Erf, Identity, Cast, Dropout.
+
+Part of the training layer: it imports the rules' shared helpers only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxort.training.artifacts.gradient._common import _elementwise, _error, _scalar, _second_output, _unbroadcast
+
+
+def _add(em, node, dys, needs):
+    a, b = node.input
+    return [_unbroadcast(em, node, dys[0], a, node.output[0]) if needs[0] else None,
+            _unbroadcast(em, node, dys[0], b, node.output[0]) if needs[1] else None]
+
+
+def _sub(em, node, dys, needs):
+    a, b = node.input
+    return [_unbroadcast(em, node, dys[0], a, node.output[0]) if needs[0] else None,
+            _unbroadcast(em, node, em.op("Neg", [dys[0]]), b, node.output[0]) if needs[1] else None]
+
+
+def _mul(em, node, dys, needs):
+    a, b = node.input
+    y = node.output[0]
+    return [_unbroadcast(em, node, em.op("Mul", [dys[0], b]), a, y) if needs[0] else None,
+            _unbroadcast(em, node, em.op("Mul", [dys[0], a]), b, y) if needs[1] else None]
+
+
+def _div(em, node, dys, needs):
+    a, b = node.input
+    y = node.output[0]
+    da = _unbroadcast(em, node, em.op("Div", [dys[0], b]), a, y) if needs[0] else None
+    db = None
+    if needs[1]:
+        db = _unbroadcast(em, node, em.op("Neg", [em.op("Div", [em.op("Mul", [dys[0], y]), b])]), b, y)
+    return [da, db]
+
+
+def _sum(em, node, dys, needs):
+    return [_unbroadcast(em, node, dys[0], x, node.output[0]) if need else None
+            for x, need in zip(node.input, needs)]
+
+
+def _pow(em, node, dys, needs):
+    x, e = node.input
+    if needs[1]:
+        raise _error(node, "has an exponent that depends on a trainable parameter")
+    exponent = em.static(e)
+    if exponent is None or exponent.size != 1:
+        raise _error(node, f"has an exponent {e!r} that is not a constant scalar")
+    k = float(exponent.reshape(()))
+    if k == 2.0:
+        factor = em.op("Mul", [_scalar(em, 2.0, x), x])
+    else:
+        factor = em.op("Mul", [_scalar(em, k, x), em.op("Pow", [x, _scalar(em, k - 1.0, x)])])
+    return [em.op("Mul", [dys[0], factor]), None]
+
+
+def _erf(em, x, y, dy):
+    # d erf(x) = 2 / sqrt(pi) * exp(-x^2)
+    gauss = em.op("Exp", [em.op("Neg", [em.op("Mul", [x, x])])])
+    return em.op("Mul", [dy, em.op("Mul", [_scalar(em, 2.0 / np.sqrt(np.pi), x), gauss])])
+
+
+def _identity(em, node, dys, needs):
+    return [dys[0]]
+
+
+def _cast(em, node, dys, needs):
+    return [em.op("Cast", [dys[0]], to=em.elem_type(node.input[0]))]
+
+
+def _dropout(em, node, dys, needs):
+    # y = x * mask / (1 - ratio) when training_mode is true, else y = x. Without a
+    # training_mode input Dropout is the identity, and so is its gradient (ORT's
+    # DropoutGrad scales it by 1 / (1 - ratio) all the same).
+    training = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    out = [None] * len(node.input)
+    if training is None:
+        out[0] = dys[0]
+        return out
+    mask = _second_output(em, node, dys, "mask")
+    x = node.input[0]
+    t = em.elem_type(x)
+    ratio = node.input[1] if len(node.input) > 1 and node.input[1] else em.const(0.5, t)
+    ratio = em.op("Cast", [ratio], to=t)
+    scale = em.op("Div", [em.op("Cast", [mask], to=t), em.op("Sub", [_scalar(em, 1.0, x), ratio])])
+    out[0] = em.op("Where", [training, em.op("Mul", [dys[0], scale]), dys[0]])
+    return out
+
+
+#: op type -> rule.
+RULES: dict = {
+    "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Sum": _sum,
+    "Neg": _elementwise(lambda em, x, y, dy: em.op("Neg", [dy])),
+    "Abs": _elementwise(lambda em, x, y, dy: em.op("Mul", [dy, em.op("Sign", [x])])),
+    "Exp": _elementwise(lambda em, x, y, dy: em.op("Mul", [dy, y])),
+    "Log": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, x])),
+    "Sqrt": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, em.op("Mul", [_scalar(em, 2.0, y), y])])),
+    "Reciprocal": _elementwise(lambda em, x, y, dy: em.op("Neg", [em.op("Mul", [dy, em.op("Mul", [y, y])])])),
+    "Pow": _pow, "Erf": _elementwise(_erf),
+    "Identity": _identity, "Cast": _cast, "Dropout": _dropout,
+}

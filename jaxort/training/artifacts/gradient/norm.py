@@ -1,0 +1,85 @@
+"""Gradient rules of LayerNormalization and com.microsoft BatchNormInternal.
+
+Also :func:`to_batch_norm_internal`, which writes BatchNormalization nodes
+as the BatchNormInternal its rule reads, as ORT's generate_artifacts does.
+
+Part of the training layer: it imports onnx and the rules' shared helpers only.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _attrs, _error, _ms_node
+
+
+def _layer_normalization(em, node, dys, needs):
+    # LayerNormalizationGrad(dY, X, scale, Mean, InvStdDev) -> dX, dScale, dBias, the forward
+    # node gaining its Mean and InvStdDev outputs where it has none, as ORT's builder does.
+    if any(d is not None for d in dys[1:]):
+        raise _error(node, "has its Mean or InvStdDev output on the path to the loss")
+    x, scale = node.input[:2]
+    dims = em.dims(x)
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    axis = int(_attrs(node).get("axis", -1)) % len(dims)
+    for i, param in enumerate(node.input[1:3], 1):
+        if param and needs[i] and em.dims(param) != dims[axis:]:
+            raise _error(node, f"has a {'scale' if i == 1 else 'bias'} of shape {em.dims(param)}, "
+                               f"not the normalized shape {dims[axis:]}")
+    outputs = list(node.output) + [""] * (3 - len(node.output))
+    outputs = [o or em.name(what) for o, what in zip(outputs, ("Y", "Mean", "InvStdDev"))]
+    del node.output[:]
+    node.output.extend(outputs)
+    outs = [em.name("LayerNormalizationGrad") for _ in range(3)]
+    _ms_node(em, "LayerNormalizationGrad", [dys[0], x, scale, *outputs[1:3]], outs, node.attribute)
+    return [o if need else None for o, need in zip(outs, needs)]
+
+
+def _batch_norm_internal(em, node, dys, needs):
+    # BatchNormalizationGrad(dY, X, scale, saved mean, saved inverse std) -> dX, dScale, dB.
+    if any(d is not None for d in dys[1:]):
+        raise _error(node, "has a statistics output on the path to the loss")
+    if len(node.output) < 5:
+        raise _error(node, "lacks its saved mean and inverse std outputs")
+    outs = [em.name("BatchNormalizationGrad") for _ in range(3)]
+    eps = helper.make_attribute("epsilon", float(_attrs(node).get("epsilon", 1e-5)))
+    _ms_node(em, "BatchNormalizationGrad", [dys[0], *node.input[:2], *node.output[3:5]], outs, [eps])
+    return [o if need else None for o, need in zip(outs, needs)] + [None] * (len(node.input) - 3)
+
+
+def to_batch_norm_internal(model: onnx.ModelProto) -> None:
+    """Rewrites BatchNormalization nodes as ORT's BatchNormInternal, in place.
+
+    As ORT's generate_artifacts does: a training step normalizes with the
+    batch statistics, updates the running mean and variance (ORT writes them
+    back into the frozen parameters), and saves the batch mean and inverse std
+    for the backward pass (outputs 3 and 4).
+    """
+    for node in model.graph.node:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = _attrs(node)
+        # Inference form (one output) or training form (with the running statistics,
+        # as PyTorch exports in training mode): both train with batch statistics.
+        base = node.output[0]
+        outputs = list(node.output) + [""] * (3 - len(node.output))
+        outputs = [o or f"{base}_{what}" for o, what in zip(outputs, ("", "running_mean", "running_var"))]
+        del node.output[:]
+        node.output.extend(outputs + [f"{base}_saved_mean", f"{base}_saved_inv_std"])
+        node.op_type, node.domain = "BatchNormInternal", _MS_DOMAIN
+        del node.attribute[:]
+        node.attribute.extend([helper.make_attribute("epsilon", float(attrs.get("epsilon", 1e-5))),
+                               helper.make_attribute("momentum", float(attrs.get("momentum", 0.9))),
+                               helper.make_attribute("training_mode", 1)])
+    if any(n.domain == _MS_DOMAIN for n in model.graph.node) and not any(
+            imp.domain == _MS_DOMAIN for imp in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
+
+
+#: op type -> rule.
+RULES: dict = {"LayerNormalization": _layer_normalization}
+
+#: com.microsoft op type -> rule.
+MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal}
