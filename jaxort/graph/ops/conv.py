@@ -199,47 +199,11 @@ def _columns_fit(x, w, spec, preferred) -> bool:
 def _cpu_plan(x, w, spec, preferred) -> _Plan | None:
     """The :class:`_Plan` of a convolution on CPU, or None for XLA's convolution and derivatives.
 
-    Picked by measuring train steps (W3 and W6 of the benchmark suite, one
-    core) and the passes alone:
-
-    - few input channels per group (<= _COLUMN_CHANNELS, XLA's CPU
-      convolution is slow there): the forward pass as taps when that is at
-      most _TAP_TERMS terms over a large output and the kernel has more
-      than one tap (a 1x1 convolution's columns are its input: 8 -> 48
-      channels over 8 16x16 maps, forward and backward 222 us as columns,
-      325 us as fenced taps), else as columns; the input gradient from
-      columns when small (the forward's columns are shared), from
-      channels-last columns (col2im) when large;
-    - the filter gradient of a strided convolution is, through XLA, a
-      window-dilated convolution its CPU backend runs in a slow generic
-      loop (ResNet-18's 7x7 stride-2 stem: 270 us for 3 channels; a 1x1
-      stride-2 64 -> 128 one over 8 56x56 maps: 6.5 ms); as the transpose
-      of the column form it is one matrix product with the columns (the
-      stem: forward and filter gradient 468 -> 243 us; the 1x1 one 2.1 ms).
-      Small convolutions gain the same way (28 -> 13 us), whatever their
-      channels and stride (at most _SMALL_COLUMNS column values; train
-      steps, one core, once the columns became one loop: W6 and the
-      corpus' ResNet-18 -2 to -6%, MobileNetV3-small -4%, EfficientNet-B0
-      -2 to -8%, W3 unchanged);
-    - grouped (depthwise) convolutions with few channels per group: every
-      pass from columns (a depthwise 3x3 of 32 channels: 8 -> 1.7 ms, its
-      input gradient 8 -> 0.6 ms), the output's gradient fenced: the input
-      gradient is then a sum of one shifted (for a strided convolution,
-      dilated) copy per tap, an elementwise loop into which XLA would fuse
-      the gradient's producers (batch normalization's and the activation's
-      derivatives) and compute them again for every tap (EfficientNet-B0
-      and MobileNetV3-small of the real-model corpus: train steps 11% and
-      14% shorter on one core).
-
-    Tensors of at least _FENCE_ELEMENTS values that XLA would otherwise
-    recompute in several fusions are fenced: the taps form's result, the
-    input the forward's columns slice (W3: maxpool and ReLU of the first
-    layer recomputed in each of the second layer's 25 column slices, 2.9 ms
-    a step), the col2im input gradient. Small ones are not: a fence costs
-    a few microseconds, more than recomputing a small tensor (W6). A
-    grouped convolution's output gradient is fenced whatever its size: it
-    is read once per tap (9 or 25 times), and without the small fences
-    MobileNetV3-small gains nothing.
+    Where XLA's CPU convolution is slow (few input channels per group) the passes run as taps or
+    columns; a strided or small convolution's filter gradient is one product with the columns (XLA
+    runs it as a window-dilated convolution, in a slow generic loop); grouped ones use columns
+    throughout. Large tensors XLA would recompute in several fusions are fenced. The choices are
+    measured train steps: docs/benchmarks.md, "What `_cpu_plan` picks".
     """
     if not _columns_fit(x, w, spec, preferred):
         return None
