@@ -29,7 +29,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from jaxort.errors import InputError, StaticValueError
-from jaxort.graph import JaxGraph, resolve_device, x64_enabled_scope
+from jaxort.graph import JaxGraph, normalize_domain, resolve_device, x64_enabled_scope
 
 __all__ = [
     "JaxBackend",
@@ -68,7 +68,7 @@ def _draws_unseeded(model: onnx.ModelProto) -> bool:
 
     for nodes in graphs():
         for n in nodes:
-            if n.domain in ("", "ai.onnx") and n.op_type in _RANDOM_OPS and (
+            if normalize_domain(n.domain) == "" and n.op_type in _RANDOM_OPS and (
                     n.op_type == "Dropout" or not any(a.name == "seed" for a in n.attribute)):
                 return True
     return False

@@ -55,7 +55,7 @@ def _checkpoint_info(path: pathlib.Path) -> dict:
 
 
 def _value_info(vi) -> dict:
-    from jaxort.graph._model import numpy_dtype
+    from jaxort.graph import numpy_dtype
 
     tt = vi.type.tensor_type
     dtype = numpy_dtype(tt.elem_type).name if tt.elem_type else "?"
@@ -66,8 +66,9 @@ def _value_info(vi) -> dict:
 def _forward_nodes(model):
     """Indexes of the nodes jaxort runs in an ORT training model (None for other models)."""
     from jaxort.training import describe_training_model, slice_model
+    from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX
 
-    if not any(i.name.endswith("_grad.accumulation.buffer") for i in model.graph.input):
+    if not any(i.name.endswith(GRAD_BUFFER_SUFFIX) for i in model.graph.input):
         return None
     try:
         info = describe_training_model(model)
@@ -91,17 +92,17 @@ def _optimizer_ops(model) -> set:
 
 def _model_info(path: pathlib.Path) -> dict:
     import jaxort.graph.ops  # noqa: F401  (fills the registry)
-    from jaxort.graph import load_model, lookup
-    from jaxort.graph._model import numpy_dtype
+    from jaxort.graph import load_model, lookup, normalize_domain, numpy_dtype
+    from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX
 
     model = load_model(path, check=False)
     forward = _forward_nodes(model)
     optimizer_ops = _optimizer_ops(model)
     read = {name for i, n in enumerate(model.graph.node) if forward is None or i in forward for name in n.input}
-    opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
+    opsets = {normalize_domain(o.domain): int(o.version) for o in model.opset_import}
     inputs = [_value_info(i) for i in model.graph.input]
-    grad_buffers = {i.name[:-len("_grad.accumulation.buffer")] for i in model.graph.input
-                    if i.name.endswith("_grad.accumulation.buffer")}
+    grad_buffers = {i.name[:-len(GRAD_BUFFER_SUFFIX)] for i in model.graph.input
+                    if i.name.endswith(GRAD_BUFFER_SUFFIX)}
     params = []
     for t in model.graph.initializer:
         if t.name not in read:  # constants of the gradient part of a training model
@@ -115,7 +116,7 @@ def _model_info(path: pathlib.Path) -> dict:
             params.append({**vi, "trainable": True, "bytes": None})
     counts: dict = {}
     for i, node in enumerate(model.graph.node):
-        domain = "" if node.domain == "ai.onnx" else node.domain
+        domain = normalize_domain(node.domain)
         opset = opsets.get(domain, 1)
         if forward is not None and i not in forward:
             status = "not run"
@@ -131,7 +132,7 @@ def _model_info(path: pathlib.Path) -> dict:
     return {"kind": "model", "path": str(path), "file_bytes": path.stat().st_size,
             "ir_version": int(model.ir_version), "opsets": {k or "ai.onnx": v for k, v in opsets.items()},
             "inputs": [vi for vi in inputs if vi["name"] not in {p["name"] for p in params}
-                       and not vi["name"].endswith("_grad.accumulation.buffer")],
+                       and not vi["name"].endswith(GRAD_BUFFER_SUFFIX)],
             "outputs": [_value_info(o) for o in model.graph.output], "parameters": params,
             "parameter_bytes": sum(p["bytes"] or 0 for p in params), "nodes": len(model.graph.node),
             "ops": ops, "missing_ops": sorted({f"{o['domain']}::{o['op_type']}" for o in ops

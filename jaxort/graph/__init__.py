@@ -2,13 +2,22 @@
 
 Public API: :class:`JaxGraph` (trace a model), :func:`load_model`,
 :func:`register` (add an op handler), :class:`OpContext`, :func:`static`,
-and :func:`backward_slice` / :func:`outer_reads` for graph surgery on protos.
+:func:`backward_slice` / :func:`outer_reads` for graph surgery on protos, the
+proto helpers :func:`normalize_domain`, :func:`default_opset`,
+:func:`numpy_dtype`, :func:`tensor_from_numpy` and :func:`tensor_to_numpy`,
+and :func:`check_input`, the check of a value fed for a declared input.
 This layer knows nothing of training or sessions.
 """
 
 from jaxort.graph._device import resolve_device
-from jaxort.graph._model import load_model
-from jaxort.graph._registry import OpHandler, lookup, register, registered
+from jaxort.graph._model import (
+    default_opset,
+    load_model,
+    numpy_dtype,
+    tensor_from_numpy,
+    tensor_to_numpy,
+)
+from jaxort.graph._registry import OpHandler, lookup, normalize_domain, register, registered
 from jaxort.graph._trace import (
     JaxGraph,
     Subgraph,
@@ -17,23 +26,29 @@ from jaxort.graph._trace import (
     outer_reads,
     x64_enabled_scope,
 )
-from jaxort.graph._values import OpContext, is_static, static, static_ints
+from jaxort.graph._values import NodeKey, OpContext, is_static, static, static_ints
 
 __all__ = [
     "JaxGraph",
+    "NodeKey",
     "OpContext",
     "OpHandler",
     "Subgraph",
     "TensorInfo",
     "backward_slice",
+    "default_opset",
     "is_static",
     "load_model",
     "lookup",
+    "normalize_domain",
+    "numpy_dtype",
     "outer_reads",
     "register",
     "registered",
     "resolve_device",
     "static",
     "static_ints",
+    "tensor_from_numpy",
+    "tensor_to_numpy",
     "x64_enabled_scope",
 ]

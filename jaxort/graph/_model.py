@@ -19,8 +19,10 @@ from onnx import helper, numpy_helper
 
 from jaxort.dtypes import ONNX_TO_NUMPY, to_numpy_dtype
 from jaxort.errors import ModelError
+from jaxort.graph._registry import normalize_domain
 
-__all__ = ["ModelSource", "check_initializers", "load_model"]
+__all__ = ["ModelSource", "check_initializers", "default_opset", "load_model", "numpy_dtype",
+           "tensor_from_numpy", "tensor_to_numpy"]
 
 ModelSource = Union[str, os.PathLike, bytes, bytearray, memoryview, onnx.ModelProto]
 
@@ -73,6 +75,26 @@ def load_model(source: ModelSource, *, check: bool = True) -> onnx.ModelProto:
             raise _cannot_check(e) from e
     check_initializers(model)
     return model
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The version of the model's first opset import of the default domain, 0 if it has none.
+
+    Args:
+      model: the model; ``""`` and ``"ai.onnx"`` both name the default domain.
+
+    Returns:
+      The opset version, or 0 when ``opset_import`` has no default-domain entry.
+
+    Example:
+      >>> default_opset(onnx.helper.make_model(onnx.GraphProto(), opset_imports=[
+      ...     onnx.helper.make_opsetid("ai.onnx", 17)]))
+      17
+    """
+    for imp in model.opset_import:
+        if normalize_domain(imp.domain) == "":
+            return int(imp.version)
+    return 0
 
 
 def tensor_to_numpy(tensor: onnx.TensorProto) -> np.ndarray:

@@ -16,7 +16,18 @@ __all__ = ["OpHandler", "register", "lookup", "registered", "normalize_domain"]
 
 
 def normalize_domain(domain: str) -> str:
-    """Maps ONNX's two spellings of the default domain to ``""``."""
+    """Maps ONNX's two spellings of the default domain to ``""``.
+
+    Args:
+      domain: a node's or an opset import's domain.
+
+    Returns:
+      ``""`` for ``""`` and ``"ai.onnx"``, any other domain unchanged.
+
+    Example:
+      >>> normalize_domain("ai.onnx"), normalize_domain("com.microsoft")
+      ('', 'com.microsoft')
+    """
     return "" if domain in ("", "ai.onnx") else domain
 
 

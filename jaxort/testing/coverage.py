@@ -23,6 +23,8 @@ from typing import Optional
 import onnx
 from onnx import helper
 
+from jaxort.graph import default_opset, numpy_dtype
+
 __all__ = ["Coverage", "main"]
 
 
@@ -63,15 +65,14 @@ class Coverage:
     def add(self, model: onnx.ModelProto) -> None:
         """Counts one model (subgraphs included)."""
         self.models += 1
-        opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
+        opset = default_opset(model)
         self.opsets[opset] += 1
         types = {}
         for vi in list(model.graph.input) + list(model.graph.output):
             types[vi.name] = vi.type.tensor_type.elem_type
         for t in model.graph.initializer:
             types[t.name] = t.data_type
-        from jaxort.graph._model import numpy_dtype  # bfloat16 and float8 whatever the installed onnx
-
+        # numpy_dtype: bfloat16 and float8 whatever the installed onnx.
         for elem in set(types.values()):
             self.dtypes[numpy_dtype(elem).name if elem else "?"] += 1
         floats = [e for e in types.values() if e not in (onnx.TensorProto.BOOL, onnx.TensorProto.INT64)]

@@ -36,7 +36,7 @@ import onnx
 from onnx import helper
 
 from jaxort.dtypes import to_onnx_type
-from jaxort.graph._model import tensor_from_numpy
+from jaxort.graph import tensor_from_numpy
 
 __all__ = [
     "NodeCase",

@@ -33,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
-from jaxort.graph._model import tensor_from_numpy
+from jaxort.graph import normalize_domain, tensor_from_numpy
 
 __all__ = ["FLOAT32_OPS", "Policy", "bfloat16_policy", "cast_model", "compute_names", "float32_nodes"]
 
@@ -116,17 +116,18 @@ def _cast_graph(graph: onnx.GraphProto, dtype: np.dtype) -> None:
     del graph.initializer[:]
     graph.initializer.extend(inits)
     for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                attr.t.CopyFrom(_cast_tensor(attr.t, dtype))
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                _cast_graph(attr.g, dtype)
-            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT:
-                attr.i = to
+        _cast_node(node, dtype)
 
 
-def _domain(node) -> str:
-    return "" if node.domain in ("", "ai.onnx") else node.domain
+def _cast_node(node: onnx.NodeProto, dtype: np.dtype) -> None:
+    to = _ONNX_OF[dtype]
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.TENSOR:
+            attr.t.CopyFrom(_cast_tensor(attr.t, dtype))
+        elif attr.type == onnx.AttributeProto.GRAPH:
+            _cast_graph(attr.g, dtype)
+        if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT:
+            attr.i = to
 
 
 def _names_read(node) -> set:
@@ -160,7 +161,7 @@ def float32_nodes(graph: onnx.GraphProto, parameters) -> set:
     for i in range(len(nodes) - 1, -1, -1):
         feeds[i] = bool(reads[i] & parameters) or any(
             feeds[c] for o in nodes[i].output if o for c in consumers.get(o, ()) if c > i)
-    keep = {i for i, n in enumerate(nodes) if not feeds[i] or (_domain(n), n.op_type) in FLOAT32_OPS}
+    keep = {i for i, n in enumerate(nodes) if not feeds[i] or (normalize_domain(n.domain), n.op_type) in FLOAT32_OPS}
     # Constants read only by float32 nodes stay float32 too.
     for i, n in enumerate(nodes):
         if n.op_type == "Constant" and all(c in keep for o in n.output for c in consumers.get(o, ())):
@@ -272,17 +273,6 @@ def cast_model(model: onnx.ModelProto, dtype, *, parameters=None) -> onnx.ModelP
     del graph.node[:]
     graph.node.extend(out)
     return new
-
-
-def _cast_node(node: onnx.NodeProto, dtype: np.dtype) -> None:
-    to = _ONNX_OF[dtype]
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.TENSOR:
-            attr.t.CopyFrom(_cast_tensor(attr.t, dtype))
-        elif attr.type == onnx.AttributeProto.GRAPH:
-            _cast_graph(attr.g, dtype)
-        if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT:
-            attr.i = to
 
 
 def compute_names(model: onnx.ModelProto) -> frozenset:

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from jaxort.graph._model import tensor_to_numpy
+from jaxort.graph import normalize_domain, tensor_to_numpy
 
 __all__ = ["Match", "Pattern", "Group", "GraphView", "register_pattern", "registered_patterns",
            "plan"]
@@ -128,10 +128,6 @@ def _split_anchor(anchor: str) -> tuple:
         domain, op = anchor.split("::")
         return (domain, op)
     return ("", anchor)
-
-
-def _domain(node) -> str:
-    return "" if node.domain in ("", "ai.onnx") else node.domain
 
 
 def _constant_value(node: onnx.NodeProto):
@@ -259,7 +255,7 @@ class GraphView:
 
 def is_op(node, op_type: str, domain: str = "") -> bool:
     """True when ``node`` is ``domain::op_type``."""
-    return node is not None and node.op_type == op_type and _domain(node) == domain
+    return node is not None and node.op_type == op_type and normalize_domain(node.domain) == domain
 
 
 def _refusal(view: GraphView, m: Match, claimed: set) -> str | None:
@@ -323,7 +319,7 @@ def plan(nodes: Sequence, opsets: Mapping, constants: Mapping, protected,
     for pattern in registered_patterns():
         anchors = {_split_anchor(a) for a in pattern.anchors}
         for node in view.nodes:
-            if id(node) in claimed or (_domain(node), node.op_type) not in anchors:
+            if id(node) in claimed or (normalize_domain(node.domain), node.op_type) not in anchors:
                 continue
             try:
                 m = pattern.match(view, node)
