@@ -23,6 +23,7 @@ but the command line and the demo.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -33,7 +34,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import Optional, Union
+from typing import IO, Optional, Union
 
 import numpy as np
 
@@ -255,18 +256,70 @@ def run_training(
     import jax
     from tqdm.auto import tqdm
 
+    art = pathlib.Path(artifacts)
+    program, start_ckpt, dev = _open_artifacts(art, device, resume)
+    columns, eval_columns = _data_columns(program, data, eval_data, batch_size)
+    n_examples = len(columns[0])
+    per_epoch = n_examples // batch_size
+    total = epochs * per_epoch
+    step = 0
+    if resume is not None:
+        step = _resumed_step(start_ckpt, resume, seed=seed, batch_size=batch_size, epochs=epochs,
+                             per_epoch=per_epoch)
+    state = jax.device_put(program.init_state(start_ckpt, seed=seed), dev)
+    peak = float(np.asarray(state.learning_rate)) if learning_rate is None else float(learning_rate)
+    lr_at = _schedule(schedule, peak, warmup_steps, total)
+
+    out = pathlib.Path(checkpoint_out)
+    metrics_path = pathlib.Path(metrics) if metrics is not None else out.with_name(out.name + ".metrics.jsonl")
+    plot_path = pathlib.Path(plot) if plot is not None else out.with_name(out.name + ".loss.png")
+    run = _Run(program, state, step, dict(start_ckpt.properties), int(seed), int(batch_size), out,
+               _open_metrics(metrics_path, resume is not None, step), eval_columns)
+    log(f"training {program.input_names} -> {program.output_names[0]}: {n_examples} examples, "
+        f"{per_epoch} batches of {batch_size} per epoch, {epochs} epoch(s)"
+        + (f", resuming at step {step}" if resume is not None else ""))
+    bar = tqdm(total=total, initial=step, unit="step", file=sys.stderr, disable=(not progress) if progress
+               is not None else None, dynamic_ncols=True, desc="train")
+    try:
+        loss, eval_loss, interrupted, stopped = _train(
+            run, columns, lr_at, epochs=epochs, per_epoch=per_epoch, shuffle=shuffle, eval_every=eval_every,
+            every=every, stop_after=stop_after, bar=bar, log=log)
+    finally:
+        bar.close()
+        run.metrics_file.close()
+
+    plotted = _plot_metrics(metrics_path, plot_path, title=f"jaxort train: {art.name}")
+    step = run.step
+    if interrupted:
+        log(f"interrupted at step {step}; saved checkpoint to {out} (continue with --resume {out})")
+    elif stopped:
+        log(f"stopped after step {step}; saved checkpoint to {out} (continue with --resume {out})")
+    else:
+        log(f"done: {step} steps, loss {loss if loss is not None else math.nan:.4f}; saved checkpoint to {out}")
+    log(f"metrics in {metrics_path}" + (f", loss curve in {plot_path}" if plotted else ""))
+    params = {name: np.asarray(v) for name, v in {**run.state.params, **run.state.frozen}.items()}
+    return {"steps": step, "loss": loss, "eval_loss": eval_loss, "checkpoint": out, "metrics": metrics_path,
+            "plot": plot_path if plotted else None, "interrupted": interrupted, "stopped": stopped,
+            "params": params}
+
+
+def _open_artifacts(art: pathlib.Path, device: str, resume: Optional[PathLike]) -> tuple:
+    """``(program, checkpoint, device)``: the artifacts' TrainProgram and the checkpoint it starts from."""
     from jaxort import checkpoint as ckpt_io
     from jaxort.graph import resolve_device
-    from jaxort.training import TrainProgram, set_learning_rate
+    from jaxort.training import TrainProgram
 
-    art = pathlib.Path(artifacts)
     dev = resolve_device(device)
     start_ckpt = ckpt_io.load(resume if resume is not None else art / ARTIFACT_FILES["checkpoint"])
     eval_path = art / ARTIFACT_FILES["eval_model"]
     program = TrainProgram.from_artifacts(
         art / ARTIFACT_FILES["training_model"], eval_path if eval_path.exists() else None,
         art / ARTIFACT_FILES["optimizer_model"], checkpoint=start_ckpt)
+    return program, start_ckpt, dev
 
+
+def _data_columns(program, data: PathLike, eval_data: Optional[PathLike], batch_size: int) -> tuple:
+    """``(columns, eval_columns)``: the arrays of the model's inputs (eval's None without ``eval_data``)."""
     columns = _columns(load_arrays(data, "--data"), program.input_names, data, "--data")
     n_examples = len(columns[0])
     if n_examples < batch_size:
@@ -276,117 +329,145 @@ def run_training(
     if eval_data is not None:
         eval_columns = _columns(load_arrays(eval_data, "--eval-data"), program.eval_input_names, eval_data,
                                 "--eval-data")
-    per_epoch = n_examples // batch_size
+    return columns, eval_columns
+
+
+def _resumed_step(start_ckpt, resume: PathLike, *, seed: int, batch_size: int, epochs: int,
+                  per_epoch: int) -> int:
+    """The step a checkpoint written by :func:`run_training` stood at, checked against this run."""
+    props = start_ckpt.properties
+    missing = [p for p in POSITION_PROPERTIES if p not in props]
+    if missing or not start_ckpt.optimizer_groups:
+        raise CheckpointError(
+            f"--resume {os.fspath(resume)!r} was not written by jaxort train: it lacks "
+            + ("optimizer state" if not start_ckpt.optimizer_groups else f"the properties {missing}"))
+    for name, given in (("seed", seed), ("batch_size", batch_size)):
+        saved = props[f"jaxort.train.{name}"]
+        if saved != given:
+            raise InputError(f"--resume {os.fspath(resume)!r} comes from a run with {name} {saved}; "
+                             f"resume with the same {name} (given {given})")
+    step = int(props["jaxort.train.step"])
     total = epochs * per_epoch
+    if step > total:
+        raise InputError(f"--resume {os.fspath(resume)!r} is at step {step}, past the {total} steps of "
+                         f"{epochs} epoch(s) of {per_epoch} batches")
+    return step
 
-    props = dict(start_ckpt.properties)
-    step = 0
-    if resume is not None:
-        missing = [p for p in POSITION_PROPERTIES if p not in props]
-        if missing or not start_ckpt.optimizer_groups:
-            raise CheckpointError(
-                f"--resume {os.fspath(resume)!r} was not written by jaxort train: it lacks "
-                + ("optimizer state" if not start_ckpt.optimizer_groups else f"the properties {missing}"))
-        for name, given in (("seed", seed), ("batch_size", batch_size)):
-            saved = props[f"jaxort.train.{name}"]
-            if saved != given:
-                raise InputError(f"--resume {os.fspath(resume)!r} comes from a run with {name} {saved}; "
-                                 f"resume with the same {name} (given {given})")
-        step = int(props["jaxort.train.step"])
-        if step > total:
-            raise InputError(f"--resume {os.fspath(resume)!r} is at step {step}, past the {total} steps of "
-                             f"{epochs} epoch(s) of {per_epoch} batches")
 
-    state = jax.device_put(program.init_state(start_ckpt, seed=seed), dev)
-    peak = float(np.asarray(state.learning_rate)) if learning_rate is None else float(learning_rate)
-    lr_at = _schedule(schedule, peak, warmup_steps, total)
-    base_key = jax.random.PRNGKey(int(seed))
-
-    out = pathlib.Path(checkpoint_out)
-    metrics_path = pathlib.Path(metrics) if metrics is not None else out.with_name(out.name + ".metrics.jsonl")
-    plot_path = pathlib.Path(plot) if plot is not None else out.with_name(out.name + ".loss.png")
+def _open_metrics(path: pathlib.Path, resumed: bool, step: int):
+    """The metrics log, opened for writing; a resumed run's keeps the records up to ``step``."""
     kept = []
-    if resume is not None and metrics_path.exists():
-        kept = [r for r in read_metrics(metrics_path) if r.get("step", 0) <= step]
-    metrics_file = open(metrics_path, "w", encoding="utf-8")
-
-    def record(**fields):
-        metrics_file.write(json.dumps(fields) + "\n")
-        metrics_file.flush()
-
+    if resumed and path.exists():
+        kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+    metrics_file = open(path, "w", encoding="utf-8")
     for r in kept:
-        record(**r)
+        metrics_file.write(json.dumps(r) + "\n")
+    metrics_file.flush()
+    return metrics_file
 
-    def save(epoch, batch):
-        position = dict(zip(POSITION_PROPERTIES, (step, epoch, batch, int(seed), int(batch_size))))
-        ckpt_io.save(program.to_checkpoint(state, include_optimizer_state=True,
-                                           properties={**props, **position}), out,
-                    include_optimizer_state=True)
-        record(event="checkpoint", step=step, path=str(out))
 
-    def evaluate(epoch):
-        if eval_columns is None:
+@dataclasses.dataclass
+class _Run:
+    """Where a run stands: its program and state, the step, and its checkpoint and metrics files."""
+
+    program: object
+    state: object
+    step: int
+    props: dict
+    seed: int
+    batch_size: int
+    out: pathlib.Path
+    metrics_file: IO[str]
+    eval_columns: Optional[list]
+
+    def record(self, **fields) -> None:
+        self.metrics_file.write(json.dumps(fields) + "\n")
+        self.metrics_file.flush()
+
+    def save(self, epoch: int, batch: int) -> None:
+        from jaxort import checkpoint as ckpt_io
+
+        position = dict(zip(POSITION_PROPERTIES, (self.step, epoch, batch, self.seed, self.batch_size)))
+        ckpt_io.save(self.program.to_checkpoint(self.state, include_optimizer_state=True,
+                                                properties={**self.props, **position}), self.out,
+                     include_optimizer_state=True)
+        self.record(event="checkpoint", step=self.step, path=str(self.out))
+
+    def evaluate(self, epoch: int) -> Optional[float]:
+        if self.eval_columns is None:
             return None
         total_loss, count = 0.0, 0
-        n = len(eval_columns[0])
-        for lo in range(0, n, batch_size):
-            batch = [c[lo:lo + batch_size] for c in eval_columns]
-            loss = float(np.asarray(program.eval_step(state, *batch)[0]))
+        n = len(self.eval_columns[0])
+        for lo in range(0, n, self.batch_size):
+            batch = [c[lo:lo + self.batch_size] for c in self.eval_columns]
+            loss = float(np.asarray(self.program.eval_step(self.state, *batch)[0]))
             total_loss += loss * len(batch[0])
             count += len(batch[0])
         value = total_loss / count
-        record(event="eval", step=step, epoch=epoch, eval_loss=value)
+        self.record(event="eval", step=self.step, epoch=epoch, eval_loss=value)
         return value
 
-    epoch, batch_index = divmod(step, per_epoch)
+
+def _train(run: _Run, columns: list, lr_at: Callable[[int], float], *, epochs: int, per_epoch: int,
+           shuffle: bool, eval_every: Optional[int], every: Optional[int], stop_after: Optional[int],
+           bar, log: Callable[[str], None]) -> tuple:
+    """Trains from ``run.step`` to the end, a stop or an interrupt, then saves the checkpoint.
+
+    Returns:
+      ``(loss, eval_loss, interrupted, stopped)``: the last losses (None
+      where none was computed) and why the loop stopped early.
+    """
+    import jax
+
+    from jaxort.training import set_learning_rate
+
+    n_examples = len(columns[0])
+    total = epochs * per_epoch
+    base_key = jax.random.PRNGKey(run.seed)
+    epoch, batch_index = divmod(run.step, per_epoch)
     loss = eval_loss = None
     interrupted = stopped = False
     started = time.perf_counter()
-    log(f"training {program.input_names} -> {program.output_names[0]}: {n_examples} examples, "
-        f"{per_epoch} batches of {batch_size} per epoch, {epochs} epoch(s)"
-        + (f", resuming at step {step}" if resume is not None else ""))
-    bar = tqdm(total=total, initial=step, unit="step", file=sys.stderr, disable=(not progress) if progress
-               is not None else None, dynamic_ncols=True, desc="train")
-    try:
-        with _Interrupt() as interrupt:
-            while epoch < epochs and not (interrupted or stopped):
-                order = (np.random.default_rng([int(seed), epoch]).permutation(n_examples) if shuffle
-                         else np.arange(n_examples))
-                while batch_index < per_epoch:
-                    idx = order[batch_index * batch_size:(batch_index + 1) * batch_size]
-                    lr = lr_at(step)
-                    state = set_learning_rate(state, lr).replace(rng=jax.random.fold_in(base_key, step))
-                    state, outs = program.train_and_update(state, *(c[idx] for c in columns))
-                    loss = float(np.asarray(outs[0]))
-                    step += 1
-                    batch_index += 1
-                    record(event="train", step=step, epoch=epoch + 1, loss=loss, lr=float(np.float32(lr)),
+    with _Interrupt() as interrupt:
+        while epoch < epochs and not (interrupted or stopped):
+            order = (np.random.default_rng([run.seed, epoch]).permutation(n_examples) if shuffle
+                     else np.arange(n_examples))
+            while batch_index < per_epoch:
+                idx = order[batch_index * run.batch_size:(batch_index + 1) * run.batch_size]
+                lr = lr_at(run.step)
+                run.state = set_learning_rate(run.state, lr).replace(rng=jax.random.fold_in(base_key, run.step))
+                run.state, outs = run.program.train_and_update(run.state, *(c[idx] for c in columns))
+                loss = float(np.asarray(outs[0]))
+                run.step += 1
+                batch_index += 1
+                run.record(event="train", step=run.step, epoch=epoch + 1, loss=loss, lr=float(np.float32(lr)),
                            seconds=round(time.perf_counter() - started, 4))
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-                    if eval_every and step % eval_every == 0 and batch_index < per_epoch:
-                        eval_loss = evaluate(epoch + 1)
-                    rolled = batch_index == per_epoch
-                    if rolled:
-                        epoch, batch_index = epoch + 1, 0
-                        eval_loss = evaluate(epoch) if eval_columns is not None else eval_loss
-                        log(f"epoch {epoch}/{epochs}  step {step}  loss {loss:.4f}"
-                            + (f"  eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
-                    if interrupt.requested:
-                        interrupted = True
-                        break
-                    if stop_after is not None and step >= stop_after:
-                        stopped = True
-                        break
-                    if every and step % every == 0 and step < total:
-                        save(epoch, batch_index)
-                    if rolled:
-                        break  # the next epoch draws its own order
-        save(epoch, batch_index)
-    finally:
-        bar.close()
-        metrics_file.close()
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                if eval_every and run.step % eval_every == 0 and batch_index < per_epoch:
+                    eval_loss = run.evaluate(epoch + 1)
+                rolled = batch_index == per_epoch
+                if rolled:
+                    epoch, batch_index = epoch + 1, 0
+                    eval_loss = run.evaluate(epoch) if run.eval_columns is not None else eval_loss
+                    log(f"epoch {epoch}/{epochs}  step {run.step}  loss {loss:.4f}"
+                        + (f"  eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
+                if interrupt.requested:
+                    interrupted = True
+                    break
+                if stop_after is not None and run.step >= stop_after:
+                    stopped = True
+                    break
+                if every and run.step % every == 0 and run.step < total:
+                    run.save(epoch, batch_index)
+                if rolled:
+                    break  # the next epoch draws its own order
+    run.save(epoch, batch_index)
+    return loss, eval_loss, interrupted, stopped
 
+
+def _plot_metrics(metrics_path: pathlib.Path, plot_path: pathlib.Path, *, title: str) -> bool:
+    """Plots the train and eval losses of a metrics log; False (and no file) when it has none."""
     records = read_metrics(metrics_path)
     train = [(r["step"], r["loss"]) for r in records if r["event"] == "train"]
     evals = [(r["step"], r["eval_loss"]) for r in records if r["event"] == "eval"]
@@ -394,15 +475,5 @@ def run_training(
     if evals:
         curves["eval"] = tuple(zip(*evals))
     if curves:
-        plot_loss_curve(plot_path, curves, title=f"jaxort train: {art.name}")
-    if interrupted:
-        log(f"interrupted at step {step}; saved checkpoint to {out} (continue with --resume {out})")
-    elif stopped:
-        log(f"stopped after step {step}; saved checkpoint to {out} (continue with --resume {out})")
-    else:
-        log(f"done: {step} steps, loss {loss if loss is not None else math.nan:.4f}; saved checkpoint to {out}")
-    log(f"metrics in {metrics_path}" + (f", loss curve in {plot_path}" if curves else ""))
-    params = {name: np.asarray(v) for name, v in {**state.params, **state.frozen}.items()}
-    return {"steps": step, "loss": loss, "eval_loss": eval_loss, "checkpoint": out, "metrics": metrics_path,
-            "plot": plot_path if curves else None, "interrupted": interrupted, "stopped": stopped,
-            "params": params}
+        plot_loss_curve(plot_path, curves, title=title)
+    return bool(curves)
