@@ -236,7 +236,7 @@ def test_a_bad_label_is_found_in_short_and_long_batches(n, bad):
 
 @pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint64"])
 def test_label_range_check_agrees_with_numpy(dtype):
-    from jaxort.training.program import _all_below
+    from jaxort.training.inputs import _all_below
     rng = np.random.default_rng(0)
     info = np.iinfo(dtype)
     for n in (1, 2, 63, 64, 65, 300):

@@ -65,6 +65,8 @@ __all__ = [
     "adamw_optimizer",
     "sgd_optimizer",
     "optimizer_from_model",
+    "flat_moments",
+    "flat_update",
     "DEFAULT_LEARNING_RATE",
 ]
 
@@ -384,6 +386,70 @@ class OrtOptimizer:
 def _is_ort_state(opt_state) -> bool:
     """Whether ``opt_state`` is the state of an ORT kernel transform itself (saved under ORT's names)."""
     return isinstance(opt_state, (ScaleByOrtAdamWState, ScaleByOrtSgdState))
+
+
+def flat_moments(optimizer, opt_state) -> Optional[dict]:
+    """The per-parameter trees of ``opt_state`` that :func:`flat_update` concatenates, or None where it does not apply.
+
+    It applies to an ORT kernel's own transform (:class:`OrtOptimizer` with
+    its own state): its update is elementwise, one formula for every
+    parameter, so the parameters can be updated as one vector.
+
+    Args:
+      optimizer: the optimizer.
+      opt_state: its state (or any tree of the same structure, e.g. of slots).
+
+    Returns:
+      ``{moment name: {param: leaf}}`` (empty for SGD), or None.
+    """
+    if not isinstance(optimizer, OrtOptimizer) or not _is_ort_state(opt_state):
+        return None
+    return optimizer._moment_trees(opt_state)
+
+
+def flat_update(optimizer: "OrtOptimizer", grads: Mapping, opt_state, params: Mapping, *, learning_rate,
+                when=None) -> tuple[dict, Any]:
+    """The optimizer step with every parameter, gradient and moment concatenated into one vector.
+
+    The same numbers as ``optimizer.update`` then ``optax.apply_updates``
+    (the update is elementwise). When the tensors already lie contiguous in
+    one buffer (a packed state, :mod:`jaxort.training.packing`), the
+    concatenations are slices of it and XLA makes the update one loop.
+
+    Args:
+      optimizer: an optimizer that :func:`flat_moments` accepts.
+      grads, opt_state, params: the gradients, optimizer state and parameters.
+      learning_rate: the learning rate (float32 scalar).
+      when: a bool scalar array: the new values where it is true, the old
+        ones elsewhere (the step count included); None: always.
+
+    Returns:
+      ``(new params, new optimizer state)``.
+    """
+    names = sorted(params)  # JAX's leaf order of a dict
+    shapes = [jnp.shape(params[n]) for n in names]
+    ends = np.cumsum([int(np.prod(s, dtype=np.int64)) for s in shapes]).tolist()
+
+    def join(tree):
+        return {"all": jnp.concatenate([jnp.ravel(tree[n]) for n in names])}
+
+    def split(flat):
+        starts = [0] + ends[:-1]
+        return {n: jax.lax.slice(flat["all"], (a,), (b,)).reshape(s)
+                for n, s, a, b in zip(names, shapes, starts, ends)}
+
+    trees = flat_moments(optimizer, opt_state)
+    flat_state = optimizer._with_state(opt_state, {m: join(t) for m, t in trees.items()}, opt_state.count)
+    flat_params = join(params)
+    updates, new_state = optimizer.update(join(grads), flat_state, flat_params, learning_rate=learning_rate)
+    new_params = optax.apply_updates(flat_params, updates)
+    count = new_state.count
+    new_trees = optimizer._moment_trees(new_state)
+    if when is not None:
+        new_params = jax.tree.map(lambda new, old: jnp.where(when, new, old), new_params, flat_params)
+        new_trees = {m: {"all": jnp.where(when, t["all"], join(trees[m])["all"])} for m, t in new_trees.items()}
+        count = jnp.where(when, count, opt_state.count)
+    return split(new_params), optimizer._with_state(opt_state, {m: split(t) for m, t in new_trees.items()}, count)
 
 
 # The name of a leaf whose key path is empty (the whole state is one array) or

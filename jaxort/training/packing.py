@@ -37,16 +37,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+import weakref
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxort.errors import TrainingError
-from jaxort.training.state import TrainState
+from jaxort.training.state import STATE_FIELDS, TrainState
 
-__all__ = ["Packing", "PackedState", "PACK_MAX_ELEMENTS", "pack", "unpack"]
+__all__ = ["Packing", "PackedState", "Slot", "PACK_MAX_ELEMENTS", "pack", "unpack", "cleared"]
 
 # Leaves of at most this many elements are packed. Above it, a leaf's
 # copies into and out of the packed buffer (a slice before a matrix
@@ -58,15 +59,35 @@ PACK_MAX_ELEMENTS = 1 << 14
 ROLE_MIN_ELEMENTS = 1 << 16
 
 
+class Slot(NamedTuple):
+    """Where one leaf of a TrainState lives in a :class:`PackedState`.
+
+    Attributes:
+      group: the packed buffer holding it, or -1 for a leaf kept as it is.
+      offset: its first element in the buffer (for a loose leaf: its index
+        among the loose leaves).
+      shape: its shape.
+      dtype: its dtype.
+    """
+
+    group: int
+    offset: int
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def packed(self) -> bool:
+        """Whether the leaf shares a packed buffer."""
+        return self.group >= 0
+
+
 @dataclasses.dataclass(frozen=True)
 class Packing:
     """Where each leaf of a TrainState lives in a :class:`PackedState` (static and hashable).
 
     Attributes:
       treedef: the state's tree structure.
-      slots: one per leaf, in leaf order: ``(group, offset, shape, dtype)``,
-        ``group`` -1 for a leaf kept as it is (then ``offset`` is its index
-        among the loose leaves).
+      slots: one :class:`Slot` per leaf, in leaf order.
       groups: one per packed buffer: ``(dtype, size)``.
     """
 
@@ -112,12 +133,12 @@ class Packing:
         for (path, leaf), size in zip(flat, sizes):
             shape, dtype = tuple(np.shape(leaf)), np.dtype(leaf.dtype)
             if size > max_elements:
-                slots.append((-1, loose, shape, dtype))
+                slots.append(Slot(-1, loose, shape, dtype))
                 loose += 1
                 continue
             key = (_role(path) if by_role else None, dtype)
             index, used = groups.get(key, (len(groups), 0))
-            slots.append((index, used, shape, dtype))
+            slots.append(Slot(index, used, shape, dtype))
             groups[key] = (index, used + size)
         ordered = sorted(groups.items(), key=lambda item: item[1][0])
         return cls(treedef=treedef, slots=tuple(slots),
@@ -126,7 +147,7 @@ class Packing:
     @property
     def packed_leaves(self) -> int:
         """How many leaves share the packed buffers."""
-        return sum(1 for slot in self.slots if slot[0] >= 0)
+        return sum(1 for slot in self.slots if slot.packed)
 
     def pack(self, state: TrainState) -> "PackedState":
         """``state`` packed; a pure function of arrays (call it inside ``jit``; outside, :func:`pack`).
@@ -142,9 +163,35 @@ class Packing:
         """The TrainState ``packed`` holds; a pure function of arrays (outside ``jit``, :func:`unpack`)."""
         return self._assemble(_pieces(packed.buffers, self._small_slots), packed.loose)
 
+    def slot_tree(self) -> TrainState:
+        """The slots arranged as the state they describe: a TrainState whose leaves are :class:`Slot` s."""
+        return _slot_tree(self)
+
+    def lies_flat(self, trees: Sequence[Any]) -> bool:
+        """Whether the leaves of each of ``trees`` (subtrees of :meth:`slot_tree`) lie flat and alike.
+
+        True when every leaf is packed float32, each tree's leaves lie
+        contiguous in one buffer in the trees' common key order, and all the
+        trees have the same sizes: then the concatenation of each tree is a
+        slice of its buffer (what :func:`jaxort.training.optimizers.flat_update` wants).
+        """
+        runs = []
+        for tree in trees:
+            leaves = jax.tree.leaves(tree, is_leaf=_is_slot)
+            if not leaves or any(not s.packed or np.dtype(s.dtype) != np.float32 for s in leaves):
+                return False
+            if len({s.group for s in leaves}) != 1:
+                return False
+            sizes = [math.prod(s.shape) for s in leaves]
+            offsets = [s.offset for s in leaves]
+            if offsets != (offsets[0] + np.cumsum([0] + sizes[:-1], dtype=np.int64)).tolist():
+                return False
+            runs.append(sizes)
+        return all(run == runs[0] for run in runs)
+
     @property
     def _small_slots(self) -> tuple:
-        return tuple((g, o, s) for g, o, s, _ in self.slots if g >= 0)
+        return tuple((s.group, s.offset, s.shape) for s in self.slots if s.packed)
 
     def _grouped(self, state: TrainState) -> tuple[list, tuple]:
         """The packed leaves of ``state`` per group, and its loose leaves, checked against the slots."""
@@ -163,7 +210,7 @@ class Packing:
 
     def _assemble(self, pieces, loose) -> TrainState:
         pieces = iter(pieces)
-        leaves = [loose[o] if g < 0 else next(pieces) for g, o, _, _ in self.slots]
+        leaves = [next(pieces) if s.packed else loose[s.offset] for s in self.slots]
         return jax.tree.unflatten(self.treedef, leaves)
 
 
@@ -202,28 +249,25 @@ _pieces_jit = jax.jit(_pieces, static_argnums=1)
 _write_jit = jax.jit(_write, static_argnums=1)
 
 
-_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState))
-
-
 def _is_slot(x) -> bool:
-    return isinstance(x, tuple) and len(x) == 4 and isinstance(x[0], int)
+    return isinstance(x, Slot)
 
 
 @functools.lru_cache(maxsize=64)
 def _slot_tree(packing: Packing) -> TrainState:
-    """``packing.slots`` arranged as the state they describe: a TrainState of ``(group, offset, shape, dtype)``."""
     return jax.tree.unflatten(packing.treedef, list(packing.slots))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class PackedState:
     """A TrainState with its small leaves packed (see the module docstring); a JAX pytree.
 
-    It reads and changes like the TrainState it holds: ``params``,
-    ``grads``, ``learning_rate``, ``step`` and the other fields and
-    properties of :class:`TrainState` are that state's (unpacked once, see
-    :func:`unpack`), and :meth:`replace` returns a packed state. So the
-    state helpers (``set_learning_rate``, ``set_seed``, ``apply_schedule``,
-    ...) and ``TrainProgram.to_checkpoint`` take either form.
+    It reads and changes like the TrainState it holds: the fields and
+    properties of :class:`TrainState` (``params``, ``grads``,
+    ``learning_rate``, ``step``, ...) are that state's (:func:`unpack`), and
+    :meth:`replace` returns a packed state. So the state helpers
+    (``set_learning_rate``, ``set_seed``, ``apply_schedule``, ...) and
+    ``TrainProgram.to_checkpoint`` take either form.
 
     Attributes:
       buffers: the packed buffers, one 1-D array per entry ``(dtype, size)`` of ``packing.groups``.
@@ -231,17 +275,20 @@ class PackedState:
       packing: the static :class:`Packing`.
     """
 
-    __slots__ = ("buffers", "loose", "packing", "_unpacked")
-
-    def __init__(self, buffers: tuple, loose: tuple, packing: Packing):
-        self.buffers = buffers
-        self.loose = loose
-        self.packing = packing
-        self._unpacked = None  # filled by unpack(): the values are read once per state
+    buffers: tuple
+    loose: tuple
+    packing: Packing
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{dtype}[{size}]" for dtype, size in self.packing.groups)
         return f"PackedState(packed=[{sizes}], loose={len(self.loose)})"
+
+    def __getattr__(self, name: str):
+        # Called only for names the packed state lacks: TrainState's fields
+        # and properties read through the held state.
+        if name in READABLE:
+            return getattr(unpack(self), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def replace(self, **changes) -> "PackedState":
         """:meth:`TrainState.replace` of the state held, packed.
@@ -251,57 +298,45 @@ class PackedState:
         state is shared; any other change packs the changed state anew.
         Nothing is donated.
         """
-        slots = _slot_tree(self.packing)
+        slots = self.packing.slot_tree()
         buffers, loose = list(self.buffers), list(self.loose)
         writes: dict = {}
         for name, value in changes.items():
-            if name not in _STATE_FIELDS:
+            if name not in STATE_FIELDS:
                 raise TypeError(f"TrainState has no field {name!r}")
-            want = getattr(slots, name)
             leaves, tree = jax.tree.flatten(value)
-            wanted, wanted_tree = jax.tree.flatten(want, is_leaf=_is_slot)
+            wanted, wanted_tree = jax.tree.flatten(getattr(slots, name), is_leaf=_is_slot)
             if tree != wanted_tree or any(
-                    tuple(np.shape(x)) != shape or np.dtype(getattr(x, "dtype", None)) != dtype
-                    for x, (_, _, shape, dtype) in zip(leaves, wanted)):
+                    tuple(np.shape(x)) != slot.shape or np.dtype(getattr(x, "dtype", None)) != slot.dtype
+                    for x, slot in zip(leaves, wanted)):
                 return pack(unpack(self).replace(**changes))
-            for x, (group, offset, _, _) in zip(leaves, wanted):
-                if group < 0:
-                    loose[offset] = x
+            for x, slot in zip(leaves, wanted):
+                if slot.packed:
+                    writes.setdefault(slot.group, []).append((slot.offset, x))
                 else:
-                    writes.setdefault(group, []).append((offset, x))
+                    loose[slot.offset] = x
         for group, pairs in writes.items():
             buffers[group] = _write_jit(buffers[group], tuple(o for o, _ in pairs), tuple(x for _, x in pairs))
         return PackedState(tuple(buffers), tuple(loose), self.packing)
 
 
+# What a PackedState reads through the TrainState it holds: its fields and properties.
+READABLE = frozenset(STATE_FIELDS) | frozenset(
+    name for name, value in vars(TrainState).items() if isinstance(value, property))
+
+
 def cleared(state: PackedState, name: str) -> PackedState:
     """``state`` with its scalar field ``name`` (e.g. ``"accumulate"``) zero: one small write, nothing donated."""
-    slot = getattr(_slot_tree(state.packing), name)
-    if not _is_slot(slot) or slot[2] != ():
+    slot = getattr(state.packing.slot_tree(), name)
+    if not _is_slot(slot) or slot.shape != ():
         raise TrainingError(f"cleared() sets a scalar field, not {name!r}")
-    group, offset, _, _ = slot
-    if group < 0:
+    if not slot.packed:
         loose = list(state.loose)
-        loose[offset] = jnp.zeros_like(loose[offset])
+        loose[slot.offset] = jnp.zeros_like(loose[slot.offset])
         return PackedState(state.buffers, tuple(loose), state.packing)
     buffers = list(state.buffers)
-    buffers[group] = _write_jit(buffers[group], (offset,), (np.zeros((), buffers[group].dtype),))
+    buffers[slot.group] = _write_jit(buffers[slot.group], (slot.offset,), (np.zeros((), buffers[slot.group].dtype),))
     return PackedState(tuple(buffers), state.loose, state.packing)
-
-
-def _read_through(name: str) -> property:
-    def read(self):
-        return getattr(unpack(self), name)
-
-    read.__name__ = name
-    read.__doc__ = f"The held TrainState's ``{name}`` (see :class:`TrainState`)."
-    return property(read)
-
-
-for _name in ("params", "frozen", "grads", "accumulate", "opt_state", "learning_rate",
-              "initial_learning_rate", "rng", "parameters", "step"):
-    setattr(PackedState, _name, _read_through(_name))
-del _name
 
 
 jax.tree_util.register_pytree_node(
@@ -309,6 +344,10 @@ jax.tree_util.register_pytree_node(
     lambda p: ((p.buffers, p.loose), p.packing),
     lambda packing, children: PackedState(children[0], children[1], packing),
 )
+
+# The TrainState each packed state holds, read once per packed state (the
+# state itself stays as it was made).
+_UNPACKED: "weakref.WeakKeyDictionary[PackedState, TrainState]" = weakref.WeakKeyDictionary()
 
 
 def pack(state: TrainState, packing: Packing | None = None) -> PackedState:
@@ -332,14 +371,17 @@ def pack(state: TrainState, packing: Packing | None = None) -> PackedState:
 def unpack(state) -> TrainState:
     """The TrainState a :class:`PackedState` holds, with one compiled call (a TrainState is returned as it is).
 
-    The result is kept with the packed state, so reading it again costs
-    nothing. Its large leaves are shared with the packed state, not copied:
-    a step that donates one of the two invalidates them in both.
+    The result is remembered for that packed state (weakly: it goes with
+    the packed state), so reading it again costs nothing. Its large leaves
+    are shared with the packed state, not copied: a step that donates one
+    of the two invalidates them in both.
     """
     if not isinstance(state, PackedState):
         return state
-    if state._unpacked is None:
+    held = _UNPACKED.get(state)
+    if held is None:
         packing = state.packing
         small = packing._small_slots
-        state._unpacked = packing._assemble(_pieces_jit(state.buffers, small) if small else (), state.loose)
-    return state._unpacked
+        held = packing._assemble(_pieces_jit(state.buffers, small) if small else (), state.loose)
+        _UNPACKED[state] = held
+    return held

@@ -26,6 +26,7 @@ from jaxort import checkpoint as ckpt_lib
 from jaxort.errors import CheckpointError
 
 __all__ = [
+    "STATE_FIELDS",
     "TrainState",
     "set_learning_rate",
     "set_initial_learning_rate",
@@ -35,10 +36,6 @@ __all__ = [
     "state_from_checkpoint",
     "state_to_checkpoint",
 ]
-
-
-_FIELDS = ("params", "frozen", "grads", "accumulate", "opt_state", "learning_rate",
-           "initial_learning_rate", "rng")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +113,10 @@ def _find_count(tree):
     return None
 
 
-jax.tree_util.register_dataclass(TrainState, data_fields=list(_FIELDS), meta_fields=[])
+# TrainState's fields, in order: every one is a leaf tree.
+STATE_FIELDS = tuple(field.name for field in dataclasses.fields(TrainState))
+
+jax.tree_util.register_dataclass(TrainState, data_fields=list(STATE_FIELDS), meta_fields=[])
 
 
 def set_learning_rate(state: TrainState, learning_rate) -> TrainState:

@@ -78,7 +78,7 @@ def test_steps_on_a_packed_state_give_the_numbers_of_the_state(case, all_packed,
     roles = 3 if program.optimizer.optimizer_type == "AdamW" else 1  # params, and Adam's two moments
     assert len(packing.groups) == len({np.dtype(x.dtype) for x in jax.tree.leaves(state)}) + (
         roles if by_role else 0)
-    assert program._flat_update_applies(packing) == all_packed
+    assert program.flat_update_applies(packing) == all_packed
     packed = pack(program.init_state(start), packing)
     (x0, y0), (x1, y1), (x2, y2) = batches[:3]
 
