@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from jaxort.errors import TrainingError
-from jaxort.graph._model import numpy_dtype, tensor_from_numpy
+from jaxort.graph import numpy_dtype, tensor_from_numpy
 from jaxort.onnxblock import _context
 from jaxort.training.artifacts._assemble import _check
 

@@ -22,7 +22,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
-from jaxort.graph._model import numpy_dtype, tensor_from_numpy
+from jaxort.graph import default_opset, numpy_dtype, tensor_from_numpy
 from jaxort.onnxblock import blocks
 from jaxort.onnxblock.blocks import _exists, _name, _value_info
 
@@ -140,7 +140,7 @@ class CrossEntropyLoss(blocks.Block):
         Raises:
           TrainingError: the model's opset is below 12, or the scores' type is unknown.
         """
-        opset = next((imp.version for imp in self.base.opset_import if imp.domain in ("", "ai.onnx")), 0)
+        opset = default_opset(self.base)
         if opset < 12:
             raise TrainingError(
                 f"CrossEntropyLoss needs SoftmaxCrossEntropyLoss (opset >= 12); the model has opset {opset}")

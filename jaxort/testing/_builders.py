@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from jaxort.graph._model import tensor_from_numpy
+from jaxort.graph import tensor_from_numpy
 from jaxort.testing.strategies import _TINY, _elem_type, _make_model, st
 
 

@@ -42,7 +42,7 @@ import onnx
 from hypothesis import assume
 from onnx import helper
 
-from jaxort.graph._model import numpy_dtype
+from jaxort.graph import numpy_dtype
 from jaxort.testing._builders import _HELPER_OPS, OP_FAMILIES, _Builder, _finish
 from jaxort.testing.strategies import FLOAT_DTYPES, _TINY, _elem_type, arrays, st
 

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from jaxort.errors import TrainingError
 from jaxort.training.artifacts.export import trim_inference_batchnorm_outputs
 from jaxort.training.artifacts.gradient import add_gradient_graph, to_batch_norm_internal
+from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX, LAZY_RESET_GRAD
 
 # onnxruntime-training 1.19.2 reads models up to IR version 10 (ONNX 1.16).
 _ORT_MAX_IR_VERSION = 10
@@ -113,11 +114,11 @@ def _mark_no_gradient_graph(model: onnx.ModelProto, trainable: Sequence[str]) ->
     # One node makes every <param>_grad.accumulation.out: jaxort ignores it (it
     # differentiates the loss slice), ONNX Runtime has no kernel for it and refuses
     # to load the model, rather than train it with zero gradients.
-    outs = [f"{p}_grad.accumulation.out" for p in trainable]
+    outs = [f"{p}{GRAD_OUTPUT_SUFFIX}" for p in trainable]
     if not outs:
         return
     model.graph.node.append(helper.make_node(
-        NO_GRADIENT_OP, [f"{p}_grad.accumulation.buffer" for p in trainable] + ["lazy_reset_grad"], outs,
+        NO_GRADIENT_OP, [f"{p}{GRAD_BUFFER_SUFFIX}" for p in trainable] + [LAZY_RESET_GRAD], outs,
         name=NO_GRADIENT_OP, domain=NO_GRADIENT_DOMAIN,
         doc_string="jaxort wrote this training model without a gradient graph "
                    "(generate_artifacts(..., gradient_graph=False)): jaxort trains it, ONNX Runtime cannot"))
@@ -156,13 +157,13 @@ def _training_and_eval(forward: onnx.ModelProto, outputs: Sequence[str], trainab
     # Unlike ORT 1.19.2, whose eval model onnxruntime then refuses to load.
     trim_inference_batchnorm_outputs(eval_model.graph)
     training_model = inferred
-    buffers = [helper.make_tensor_value_info(f"{vi.name}_grad.accumulation.buffer",
+    buffers = [helper.make_tensor_value_info(f"{vi.name}{GRAD_BUFFER_SUFFIX}",
                                              vi.type.tensor_type.elem_type,
                                              [d.dim_value for d in vi.type.tensor_type.shape.dim])
                for vi in training_model.graph.input if vi.name in trainable]
     training_model.graph.input.extend(buffers)
     training_model.graph.input.append(
-        helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1]))
+        helper.make_tensor_value_info(LAZY_RESET_GRAD, TensorProto.BOOL, [1]))
     order = [vi.name for vi in training_model.graph.input if vi.name in trainable]
     if gradient_graph and order:
         to_batch_norm_internal(training_model)

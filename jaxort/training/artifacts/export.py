@@ -21,8 +21,7 @@ from onnx import helper
 
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, TrainingError
-from jaxort.graph import backward_slice, load_model, outer_reads
-from jaxort.graph._model import tensor_from_numpy
+from jaxort.graph import backward_slice, load_model, normalize_domain, outer_reads, tensor_from_numpy
 
 __all__ = ["export_model_for_inferencing", "trim_inference_batchnorm_outputs"]
 
@@ -43,7 +42,7 @@ def trim_inference_batchnorm_outputs(graph: onnx.GraphProto) -> None:
         used |= outer_reads(node)
     dropped = set()
     for node in graph.node:
-        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "BatchNormalization" or normalize_domain(node.domain) != "":
             continue
         training = any(a.name == "training_mode" and a.i for a in node.attribute)
         extra = [o for o in node.output[1:] if o]

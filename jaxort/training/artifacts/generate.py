@@ -48,7 +48,7 @@ from onnx import TensorProto
 
 from jaxort import checkpoint as _ckpt
 from jaxort.errors import TrainingError
-from jaxort.graph import load_model
+from jaxort.graph import default_opset, load_model
 from jaxort.training.artifacts._assemble import (
     _FLOAT_TYPES,
     _check,
@@ -142,13 +142,6 @@ def _loss_block(loss: LossType):
 def _is_jax_loss(loss) -> bool:
     # A Block is callable too: it is an ONNX loss, not a JAX one.
     return callable(loss) and not isinstance(loss, (LossType, _onnxblock().Block))
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    raise TrainingError("the model's opset_import has no entry for the default ONNX domain")
 
 
 @dataclasses.dataclass
@@ -421,7 +414,9 @@ def generate_artifacts(
                 "(requires_grad=None trains nothing, as in ONNX Runtime); name the initializers to train, "
                 "e.g. requires_grad=jaxort.training.artifacts.float_initializers(model)")
         # ORT builds the optimizer in a fresh empty model, its names continuing the loss's count.
-        opset = _default_opset(built.eval_model)
+        opset = default_opset(built.eval_model)
+        if not opset:
+            raise TrainingError("the model's opset_import has no entry for the default ONNX domain")
         if isinstance(optimizer, OptimType):
             opt = build_optimizer_model(optimizer, built.trainable[0].data_type, opset, name_offset=name_count)
         else:

@@ -45,12 +45,14 @@ import onnx
 from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
+from jaxort.graph import default_opset, normalize_domain
 from jaxort.training.artifacts.gradient import activation, arithmetic, layout, matmul, norm, reduce, rnn
 from jaxort.training.artifacts.gradient import loss as _loss
 from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _error, _filled
 from jaxort.training.artifacts.gradient.activation import _fuse_quick_gelu
 from jaxort.training.artifacts.gradient.norm import to_batch_norm_internal
 from jaxort.training.artifacts.gradient.rnn import _RNN_PLAIN, _RNN_STATES
+from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX, LAZY_RESET_GRAD
 
 __all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
 
@@ -121,13 +123,6 @@ def _shapes(model: onnx.ModelProto) -> dict:
     return out
 
 
-def _default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    return 0
-
-
 def _captured(node: onnx.NodeProto) -> set:
     """The outer values the node's subgraphs (If, Loop, Scan bodies) read, recursively."""
     names: set = set()
@@ -165,7 +160,7 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
         loss has no rule (or a form its rule does not cover), naming the node
         and op; or the model's opset is below 13. The model is then unchanged.
     """
-    opset = _default_opset(model)
+    opset = default_opset(model)
     if opset < MIN_OPSET:
         raise TrainingError(f"cannot write the gradient graph ONNX Runtime needs: the model has opset "
                             f"{opset}, and the gradient rules need opset {MIN_OPSET} or newer")
@@ -203,7 +198,7 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
                                "control flow has no gradient rule in jaxort yet")
         if not any(needs):
             continue
-        rule = (RULES if node.domain in ("", "ai.onnx") else MS_RULES if node.domain == _MS_DOMAIN
+        rule = (RULES if normalize_domain(node.domain) == "" else MS_RULES if node.domain == _MS_DOMAIN
                 else {}).get(node.op_type)
         if rule is None:
             raise _error(node, "has no gradient rule in jaxort yet; ONNX Runtime would train the file "
@@ -221,9 +216,9 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
         if grad is None:
             grad = _filled(em, 0.0, p)
         em.nodes.append(helper.make_node("Identity", [grad], [gradient_name(p)], name=em.name("grad_of")))
-        out = f"{p}_grad.accumulation.out"
+        out = f"{p}{GRAD_OUTPUT_SUFFIX}"
         em.nodes.append(helper.make_node(
-            "InPlaceAccumulatorV2", [f"{p}_grad.accumulation.buffer", gradient_name(p), "lazy_reset_grad"],
+            "InPlaceAccumulatorV2", [f"{p}{GRAD_BUFFER_SUFFIX}", gradient_name(p), LAZY_RESET_GRAD],
             [out], name=f"GradientAccumulator{len(outputs) + 1}", domain=_MS_DOMAIN))
         outputs.append(helper.make_tensor_value_info(out, TensorProto.BOOL, [1]))
     g.node.extend(em.nodes)

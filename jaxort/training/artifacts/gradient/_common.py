@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
-from jaxort.graph._model import numpy_dtype, tensor_from_numpy, tensor_to_numpy
+from jaxort.graph import numpy_dtype, tensor_from_numpy, tensor_to_numpy
 
 _MS_DOMAIN = "com.microsoft"
 

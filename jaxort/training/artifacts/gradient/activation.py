@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from jaxort.graph import normalize_domain
 from jaxort.training.artifacts.gradient._common import (
     _MS_DOMAIN,
     _attrs,
@@ -83,7 +84,7 @@ def _fuse_quick_gelu(model: onnx.ModelProto) -> None:
         return readers.get(name, 0) == 1 and name not in outputs
 
     def default(node) -> bool:
-        return node is not None and node.domain in ("", "ai.onnx")
+        return node is not None and normalize_domain(node.domain) == ""
 
     dropped: set = set()
     for mul in graph.node:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from jaxort.graph import normalize_domain
 from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _attrs, _error, _ms_node
 
 
@@ -58,7 +59,7 @@ def to_batch_norm_internal(model: onnx.ModelProto) -> None:
     for the backward pass (outputs 3 and 4).
     """
     for node in model.graph.node:
-        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "BatchNormalization" or normalize_domain(node.domain) != "":
             continue
         attrs = _attrs(node)
         # Inference form (one output) or training form (with the running statistics,

@@ -10,6 +10,7 @@ from typing import Optional
 
 from onnx import TensorProto, helper
 
+from jaxort.graph import normalize_domain
 from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _attrs, _error
 
 # LSTM and GRU: ORT's training forms and gradient ops. An unrolled backward pass in
@@ -69,7 +70,7 @@ def _recurrent(plain_op: str) -> Callable:
         why = _rnn_unsupported(em, node, plain_op)
         if why is not None:
             raise _error(node, why)
-        if node.domain in ("", "ai.onnx"):
+        if normalize_domain(node.domain) == "":
             outputs = list(node.output)[:n_states] + [""] * (n_states - len(node.output))
             outputs[0] = outputs[0] or em.name("all_hidden_states")
             outputs += [em.name(what) for what in _RNN_SAVED[plain_op]]
