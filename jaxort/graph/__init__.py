@@ -10,6 +10,7 @@ This layer knows nothing of training or sessions.
 """
 
 from jaxort.graph._device import resolve_device
+from jaxort.graph._inputs import check_input
 from jaxort.graph._model import (
     default_opset,
     load_model,
@@ -36,6 +37,7 @@ __all__ = [
     "Subgraph",
     "TensorInfo",
     "backward_slice",
+    "check_input",
     "default_opset",
     "is_static",
     "load_model",

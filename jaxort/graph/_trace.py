@@ -11,6 +11,10 @@ arithmetic exported by PyTorch (Shape -> Gather -> Concat -> Reshape) never
 reaches XLA as data. Folding runs with 64-bit types enabled, so int64 shape
 values keep their width whatever the caller's JAX configuration.
 
+Here programs run: ``jaxort.graph._prepare`` makes them from the protos (nodes
+with handlers and parsed attributes, fused pattern groups) and
+``jaxort.graph._inputs`` checks the values fed for inputs and params.
+
 This module knows nothing of training: the training layer asks for the slice it
 needs (``outputs=``), for parameters fed as graph inputs (``param_inputs=``),
 and for training-mode behaviour (``training=True``, an ``rng`` key).
@@ -20,20 +24,30 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from jaxort.dtypes import to_numpy_dtype
-from jaxort.errors import InputError, JaxortError, ModelError, OpError, UnsupportedOpError
-from jaxort.graph import _registry
+from jaxort.errors import InputError, JaxortError, ModelError, OpError
 from jaxort.graph._host_memory import settle_allocator
-from jaxort.graph._model import ModelSource, load_model, tensor_to_numpy
+from jaxort.graph._inputs import _canonical, check_input
+from jaxort.graph._model import ModelSource, load_model
+from jaxort.graph._prepare import (
+    _free_names,
+    _Node,
+    _prepare_nodes,
+    _Preparer,
+    _Program,
+    backward_slice,
+    initializer_values,
+    outer_reads,
+)
+from jaxort.graph._registry import normalize_domain
 from jaxort.graph._values import NodeKey, OpContext, is_static
 
 __all__ = ["JaxGraph", "TensorInfo", "Subgraph", "backward_slice", "outer_reads",
@@ -85,72 +99,6 @@ def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
     return TensorInfo(vi.name, tuple(dims), dtype)
 
 
-def _tensor_to_numpy(t: onnx.TensorProto) -> np.ndarray:
-    arr = tensor_to_numpy(t)
-    if arr.dtype.kind in ("S", "U"):
-        arr = arr.astype(object)
-    return arr
-
-
-def _sparse_to_numpy(sp: onnx.SparseTensorProto) -> np.ndarray:
-    values = _tensor_to_numpy(sp.values)
-    dense = np.zeros(tuple(sp.dims), dtype=values.dtype)
-    idx = numpy_helper.to_array(sp.indices)
-    if idx.ndim == 1:
-        dense.reshape(-1)[idx] = values
-    else:
-        dense[tuple(idx.T)] = values
-    return dense
-
-
-def _text(value: bytes, attr: onnx.AttributeProto) -> str:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ModelError(f"attribute {attr.name!r} holds bytes that are not UTF-8 text: {value[:16]!r}") from None
-
-
-def _attr_to_python(attr: onnx.AttributeProto):
-    """Converts an attribute to Python/numpy (graphs are returned as protos).
-
-    Raises:
-      ModelError: a string attribute that is not UTF-8.
-    """
-    value = helper.get_attribute_value(attr)
-    if isinstance(value, bytes):
-        return _text(value, attr)
-    if isinstance(value, onnx.TensorProto):
-        return _tensor_to_numpy(value)
-    if isinstance(value, onnx.SparseTensorProto):
-        return _sparse_to_numpy(value)
-    if isinstance(value, list):
-        if value and isinstance(value[0], bytes):
-            return [_text(v, attr) for v in value]
-        if value and isinstance(value[0], onnx.TensorProto):
-            return [_tensor_to_numpy(v) for v in value]
-    return value
-
-
-class _Node:
-    """A node prepared for dispatch: handler found, attributes parsed once."""
-
-    __slots__ = (
-        "index", "name", "op_type", "domain", "opset", "inputs", "outputs",
-        "handler", "kwargs", "subgraphs", "function", "proto", "describe",
-    )
-
-
-@dataclasses.dataclass
-class _Program:
-    """A graph or subgraph ready to run."""
-
-    nodes: list
-    input_names: tuple
-    output_names: tuple
-    constants: dict
-    free_names: frozenset  # names read from an enclosing scope
-
-
 @dataclasses.dataclass
 class _Runtime:
     """Per-call settings shared by every node of one trace."""
@@ -195,134 +143,6 @@ class Subgraph:
         env = collections.ChainMap(dict(zip(prog.input_names, args)), prog.constants, self._outer)
         _run_program(prog, env, self._runtime)
         return tuple(env[n] for n in prog.output_names)
-
-
-class _Preparer:
-    """Turns GraphProtos and FunctionProtos into _Programs for one model."""
-
-    def __init__(self, opsets: dict, functions: dict):
-        self.opsets = opsets
-        self.functions = functions  # (domain, name) -> FunctionProto (model-local)
-        self.counter = 0
-
-    def program(self, graph: onnx.GraphProto, *, opsets=None, input_names=None,
-                output_names=None, constants=None) -> _Program:
-        opsets = opsets or self.opsets
-        if constants is None:
-            constants = {t.name: _tensor_to_numpy(t) for t in graph.initializer}
-            for sp in graph.sparse_initializer:
-                constants[sp.values.name] = _sparse_to_numpy(sp)
-        if input_names is None:
-            input_names = tuple(i.name for i in graph.input if i.name not in constants)
-        if output_names is None:
-            output_names = tuple(o.name for o in graph.output)
-        nodes = [self.node(n, opsets) for n in graph.node]
-        return _Program(nodes, tuple(input_names), tuple(output_names), constants,
-                        _free_names(nodes, set(input_names) | set(constants)))
-
-    def node(self, proto: onnx.NodeProto, opsets: dict) -> _Node:
-        node = _Node()
-        node.index = self.counter
-        self.counter += 1
-        node.proto = proto
-        node.name = proto.name
-        node.op_type = proto.op_type
-        node.domain = _registry.normalize_domain(proto.domain)
-        node.inputs = tuple(proto.input)
-        node.outputs = tuple(proto.output)
-        node.subgraphs = {}
-        node.function = None
-        node.kwargs = {}
-        local = self.functions.get((proto.domain, proto.op_type))
-        if local is not None:
-            node.opset = opsets.get(node.domain, 1)
-            node.describe = f"{proto.domain}::{proto.op_type} (model function), node {proto.name!r}"
-            node.handler = None
-            node.function = ("local", local)
-            return node
-        if node.domain not in opsets:
-            raise ModelError(
-                f"node {proto.name!r} ({proto.domain}::{proto.op_type}) uses domain "
-                f"{proto.domain!r}, which the model's opset_import does not declare"
-            )
-        node.opset = opsets[node.domain]
-        node.describe = (
-            f"{node.domain or 'ai.onnx'}::{node.op_type} (opset {node.opset}), node {proto.name!r}"
-        )
-        node.handler = _registry.lookup(node.domain, node.op_type, node.opset)
-        schema = _get_schema(node.op_type, node.opset, node.domain)
-        given = {a.name: a for a in proto.attribute}
-        if node.handler is None:
-            node.function = _schema_function(schema, node.opset)
-            if node.function is None:
-                raise UnsupportedOpError(node.op_type, node.domain, node.opset, proto.name)
-            return node
-        h = node.handler
-        for name, attr in given.items():
-            if attr.ref_attr_name:
-                raise ModelError(f"{node.describe}: attribute {name!r} refers to "
-                                 f"{attr.ref_attr_name!r} outside a function body")
-            if name not in h.attr_names and not h.accepts_all_attrs:
-                raise OpError(
-                    f"{node.describe}: jaxort's handler does not support attribute {name!r}")
-            if attr.type == onnx.AttributeProto.GRAPH:
-                node.subgraphs[name] = self.program(attr.g, opsets=opsets)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                raise OpError(f"{node.describe}: graph-list attributes are not supported")
-            else:
-                try:
-                    node.kwargs[name] = _attr_to_python(attr)
-                except ModelError as e:
-                    raise ModelError(f"{node.describe}: {e}") from None
-        if schema is not None:
-            for name, spec in schema.attributes.items():
-                if name in given or name not in h.attr_names:
-                    continue
-                if spec.required:
-                    raise ModelError(f"{node.describe}: required attribute {name!r} is missing")
-                if spec.default_value.type != onnx.AttributeProto.UNDEFINED:
-                    node.kwargs[name] = _attr_to_python(spec.default_value)
-                else:
-                    node.kwargs[name] = None
-        return node
-
-
-def _free_names(nodes, bound: set) -> frozenset:
-    produced = set(bound)
-    free = set()
-    for n in nodes:
-        for i in n.inputs:
-            if i and i not in produced:
-                free.add(i)
-        for sub in n.subgraphs.values():
-            free |= {x for x in sub.free_names if x not in produced}
-        produced.update(o for o in n.outputs if o)
-    return frozenset(free)
-
-
-@functools.lru_cache(maxsize=None)
-def _get_schema(op_type: str, opset: int, domain: str):
-    try:
-        return onnx.defs.get_schema(op_type, opset, domain)
-    except onnx.defs.SchemaError:
-        return None
-
-
-def _schema_function(schema, opset: int):
-    """Returns how to expand an op from its schema's function body, or None."""
-    if schema is None:
-        return None
-    versions = [v for v in getattr(schema, "function_opset_versions", []) if v <= opset]
-    if schema.has_function and versions:
-        fproto = onnx.FunctionProto()
-        fproto.ParseFromString(schema.get_function_with_opset_version(max(versions)))
-        return ("static", fproto)
-    cd_versions = [
-        v for v in getattr(schema, "context_dependent_function_opset_versions", []) if v <= opset
-    ]
-    if schema.has_context_dependent_function and cd_versions:
-        return ("context", (schema, max(cd_versions)))
-    return None
 
 
 def _type_proto(value) -> onnx.TypeProto:
@@ -385,7 +205,7 @@ def _run_function(node: _Node, args: list, runtime: _Runtime) -> tuple:
         fproto = payload
     opsets = dict(runtime.opsets)
     for imp in fproto.opset_import:
-        opsets[_registry.normalize_domain(imp.domain)] = imp.version
+        opsets[normalize_domain(imp.domain)] = imp.version
     body = onnx.GraphProto()
     body.node.extend(_substitute_attrs(fproto, node.proto))
     # The body's nodes are numbered from 0 under a key of their own, folded from
@@ -505,44 +325,6 @@ def _run_program(prog: _Program, env, runtime: _Runtime) -> None:
                 env[name] = value
 
 
-def _proto_free_names(graph: onnx.GraphProto) -> set:
-    """Names a subgraph reads from its enclosing scopes."""
-    bound = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    free = set()
-    for n in graph.node:
-        free.update(i for i in n.input if i and i not in bound)
-        free.update(x for x in outer_reads(n) if x not in bound)
-        bound.update(o for o in n.output if o)
-    return free
-
-
-def outer_reads(node: onnx.NodeProto) -> set:
-    """Names the subgraphs of ``node`` (If branches, Loop/Scan bodies) read from the outer scope."""
-    reads = set()
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            reads |= _proto_free_names(g)
-    return reads
-
-
-def backward_slice(nodes: Sequence[onnx.NodeProto], wanted: Sequence[str]) -> tuple[list, set]:
-    """Returns the nodes needed to compute ``wanted`` and every name they read.
-
-    Topological order is kept. Pruning happens on the protos, before handlers
-    are looked up, so a slice never needs ops it does not use (an ORT training
-    model's gradient nodes).
-    """
-    needed = set(wanted)
-    keep = []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output if o):
-            keep.append(node)
-            needed.update(i for i in node.input if i)
-            needed.update(outer_reads(node))
-    keep.reverse()
-    return keep, needed
-
-
 def _check_default_opset(opsets: Mapping) -> None:
     """Refuses a default-domain opset the installed onnx does not know.
 
@@ -556,54 +338,6 @@ def _check_default_opset(opsets: Mapping) -> None:
         raise ModelError(
             f"the model imports opset {version} of the default domain (ai.onnx); the installed onnx "
             f"{onnx.__version__} supports opsets 1 to {newest}")
-
-
-def _prepare_nodes(prep: _Preparer, kept: list, opsets: dict, static: dict, outputs, fuse: bool):
-    """Prepares the sliced nodes, each matched pattern group as one node.
-
-    Returns the nodes and one (pattern name, node names) pair per group. A node
-    keeps its index in ``kept`` (a group takes its last node's), so random
-    nodes draw the same keys with or without fusion.
-    """
-    if not fuse:
-        return [prep.node(n, opsets) for n in kept], ()
-    from jaxort.graph import patterns
-
-    nodes, fusions = [], []
-    for index, item in patterns.plan(kept, opsets, static, set(outputs), outer_reads):
-        if isinstance(item, onnx.NodeProto):
-            node = prep.node(item, opsets)
-        else:
-            node = _fused_node(item, opsets)
-            fusions.append((item.pattern.name, item.node_names))
-        node.index = index
-        nodes.append(node)
-    return nodes, tuple(fusions)
-
-
-def _fused_node(group, opsets: dict) -> _Node:
-    m = group.match
-    node = _Node()
-    node.proto = m.nodes[-1]
-    node.name = node.proto.name
-    node.op_type = group.pattern.name
-    node.domain = "jaxort.patterns"
-    node.opset = opsets.get("", 0)
-    node.inputs = tuple(m.inputs)
-    node.outputs = tuple(m.outputs)
-    node.subgraphs = {}
-    node.function = None
-    node.kwargs = dict(m.attrs)
-    names = ", ".join(repr(n) for n in group.node_names)
-    node.describe = f"pattern {group.pattern.name} (opset {node.opset}), nodes {names}"
-    node.handler = _registry.OpHandler(
-        domain=node.domain, op_type=node.op_type, since=1, fn=group.pattern.handler,
-        foldable=True, wants_ctx=False, accepts_all_attrs=True, attr_names=frozenset(m.attrs))
-    return node
-
-
-def _canonical(dtype) -> np.dtype:
-    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 # Dtypes JAX narrows to 32 bits when its 64-bit mode is off.
@@ -676,16 +410,14 @@ class JaxGraph:
         graph = self.model.graph
         self.opsets = {}
         for imp in self.model.opset_import:
-            self.opsets[_registry.normalize_domain(imp.domain)] = int(imp.version)
+            self.opsets[normalize_domain(imp.domain)] = int(imp.version)
         _check_default_opset(self.opsets)
         functions = {(f.domain, f.name): f for f in self.model.functions}
 
         import jaxort.graph.ops  # noqa: F401  (fills the registry)
 
         prep = _Preparer(self.opsets, functions)
-        initializers = {t.name: _tensor_to_numpy(t) for t in graph.initializer}
-        for sp in graph.sparse_initializer:
-            initializers[sp.values.name] = _sparse_to_numpy(sp)
+        initializers = initializer_values(graph)
         default_params = params is None
         if default_params:
             params = [n for n, v in initializers.items() if v.dtype.kind in "fc"
@@ -881,28 +613,5 @@ def _as_output(name: str, value, x64: bool):
 
 
 def _check_value(info: TensorInfo, x, what: str) -> None:
-    if info.kind != "tensor":
-        return
-    shape = getattr(x, "shape", None)
-    dtype = getattr(x, "dtype", None)
-    if shape is None or dtype is None:
-        raise InputError(
-            f"{what} {info.name!r}: expected an array, given {type(x).__name__}")
-    problems = []
-    if info.dtype is not None and np.dtype(dtype) != info.dtype:
-        # Only a JAX value may stand for a wider declared dtype (int64 as int32
-        # while 64-bit mode is off): JAX made it so. A numpy float64 for a
-        # float32 input is the caller's mistake, refused as ONNX Runtime does.
-        if info.dtype == object or not isinstance(x, jax.Array) or _canonical(dtype) != _canonical(info.dtype):
-            problems.append("dtype")
-    if info.shape is not None:
-        if len(shape) != len(info.shape) or any(
-            isinstance(e, int) and e != g for e, g in zip(info.shape, shape)
-        ):
-            problems.append("shape")
-    if problems:
-        exp_shape = list(info.shape) if info.shape is not None else "any"
-        raise InputError(
-            f"{what} {info.name!r} has the wrong {' and '.join(problems)}: expected "
-            f"shape {exp_shape} dtype {info.dtype}, given shape {list(shape)} dtype "
-            f"{np.dtype(dtype)}")
+    if info.kind == "tensor":  # sequences are Python lists, optionals None or a value
+        check_input(info.name, info.shape, info.dtype, x, what=what, lists=False, combined=True)
