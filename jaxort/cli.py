@@ -36,7 +36,7 @@ import os
 import stat
 import sys
 import traceback
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["main"]
 
@@ -45,14 +45,24 @@ class _UsageError(Exception):
     """A bad argument found after parsing (exit status 2)."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _number(convert: Callable[[str], Any], words: str, accept: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argparse ``type``: ``convert(text)``, refused as "expected {words}" unless ``accept`` takes it."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text}")
+        return value
+
+    return parse
+
+
+_positive_int = _number(int, "a positive integer", lambda value: value >= 1)
+_non_negative_int = _number(int, "an integer >= 0", lambda value: value >= 0)
+_positive_float = _number(float, "a positive number", lambda value: 0 < value < float("inf"))  # nan fails too
 
 
 def _names(text: str) -> list:
@@ -60,26 +70,6 @@ def _names(text: str) -> list:
     if not names:
         raise argparse.ArgumentTypeError(f"expected output names separated by commas, got {text!r}")
     return names
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
 
 
 _LOSSES = ("MSELoss", "CrossEntropyLoss", "BCEWithLogitsLoss", "L1Loss")
