@@ -37,15 +37,25 @@ RuntimeError, as ORT raises) for calls out of order, such as a block called
 outside a base context, and :class:`jaxort.errors.TrainingError` for bad
 arguments. See docs/onnxblock.md.
 
-Part of the training layer: imports the artifact generator and the
+The blocks are defined in :mod:`jaxort.training.artifacts.blocks`, below
+:func:`~jaxort.training.artifacts.generate_artifacts`, which builds its
+losses and optimizer models with them; this package is ORT's layout of them.
+
+Part of the training layer: imports the artifact generator's blocks and the
 checkpoint layer, never the facades.
 """
 
 from jaxort.onnxblock import blocks, loss, optim
 from jaxort.onnxblock._checkpoint import load_checkpoint_to_model, save_checkpoint
-from jaxort.onnxblock._context import ModelAccessor, base, custom_op_library, empty_base
-from jaxort.onnxblock._training import ForwardBlock, TrainingBlock
-from jaxort.onnxblock.blocks import Block
+from jaxort.training.artifacts.blocks import (
+    Block,
+    ForwardBlock,
+    ModelAccessor,
+    TrainingBlock,
+    base,
+    custom_op_library,
+    empty_base,
+)
 
 __all__ = [
     "Block",

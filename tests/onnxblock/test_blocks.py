@@ -1,4 +1,4 @@
-"""jaxort.onnxblock's contexts and building blocks (jaxort/onnxblock/_context.py, blocks.py, _training.py).
+"""jaxort.onnxblock's contexts and building blocks (jaxort/training/artifacts/blocks/).
 
 Each block's graph is run with onnxruntime inference and compared with numpy.
 tests/onnxblock/test_ort.py compares the graphs with ORT's own blocks.

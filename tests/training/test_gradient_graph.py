@@ -1,4 +1,4 @@
-"""The gradient graph generate_artifacts writes for ONNX Runtime (training/artifacts/gradient.py).
+"""The gradient graph generate_artifacts writes for ONNX Runtime (training/artifacts/gradient/).
 
 The rules write standard ONNX ops and, where ORT's gradient builder uses one of
 ORT's gradient kernels (ConvGrad, BatchNormalizationGrad, LayerNormalizationGrad,

@@ -18,6 +18,14 @@ Three modules, one job each:
 - :mod:`~jaxort.training.artifacts.export`: :func:`export_model_for_inferencing`,
   the inference model of trained parameters.
 
+and what ``generate`` builds with:
+
+- :mod:`~jaxort.training.artifacts.blocks`: the blocks of
+  ``jaxort.onnxblock``, which build its losses and optimizer models;
+- :mod:`~jaxort.training.artifacts.assemble`: the training and eval models
+  of a forward + loss model, in ORT's layout;
+- :mod:`~jaxort.training.artifacts.gradient`: the gradient graph ORT runs.
+
 Part of the training layer: imports the graph and checkpoint layers, never
 the facades.
 """

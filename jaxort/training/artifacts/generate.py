@@ -6,8 +6,9 @@ ONNX Runtime Training: ``training_model.onnx``, ``eval_model.onnx``,
 output names, input order, optimizer node and checkpoint follow what
 onnxruntime-training 1.19.2 writes (its ``onnxblock`` package), so the eval
 model, optimizer model and checkpoint load in ONNX Runtime unchanged. The
-losses and optimizer models are built with :mod:`jaxort.onnxblock`'s blocks,
-which ``loss`` and ``optimizer`` also take, as ORT's take its own.
+losses and optimizer models are built with :mod:`jaxort.onnxblock`'s blocks
+(defined in :mod:`jaxort.training.artifacts.blocks`), which ``loss`` and
+``optimizer`` also take, as ORT's take its own.
 
 The training model holds a gradient graph for ONNX Runtime
 (:mod:`jaxort.training.artifacts.gradient`): one rule per forward node,
@@ -29,9 +30,9 @@ training mode loses its unused running-statistics outputs. ORT 1.19.2 keeps
 them, and then neither onnxruntime inference nor ORT's own ``Module`` loads
 its eval model.
 
-Part of the training layer: it imports the graph and
-checkpoint layers, and jaxort.onnxblock when first needed (that package
-builds on this module), never the facades.
+Part of the training layer: it imports the graph and checkpoint layers and
+the blocks of jaxort.training.artifacts.blocks, never jaxort.onnxblock (which
+re-exports those blocks) or the facades.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import enum
 import os
 import pathlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Union
 
 import onnx
 from onnx import TensorProto
@@ -49,16 +50,12 @@ from onnx import TensorProto
 from jaxort import checkpoint as _ckpt
 from jaxort.errors import TrainingError
 from jaxort.graph import default_opset, load_model
-from jaxort.training.artifacts._assemble import (
-    _FLOAT_TYPES,
-    _check,
-    _split_params,
-    _training_and_eval,
-)
+from jaxort.training.artifacts.assemble import FLOAT_TYPES, check_generated, split_params, training_and_eval
+from jaxort.training.artifacts.blocks import Block, ForwardBlock, TrainingBlock, empty_base, output_names
+from jaxort.training.artifacts.blocks import base as base_context
+from jaxort.training.artifacts.blocks.loss import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss
+from jaxort.training.artifacts.blocks.optim import SGD, AdamW
 from jaxort.training.artifacts.read import CUSTOM_LOSS_KEY, CUSTOM_LOSS_LABELS_KEY, loss_label_names
-
-if TYPE_CHECKING:
-    from jaxort import onnxblock
 
 __all__ = [
     "Artifacts",
@@ -124,24 +121,14 @@ def _find_output(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:
         f"{name!r} is not a graph output; the outputs are {[o.name for o in model.graph.output]}")
 
 
-def _onnxblock():
-    # jaxort.onnxblock builds on this module (its TrainingBlock finishes models
-    # with _training_and_eval), so it is imported when first needed.
-    from jaxort import onnxblock
-
-    return onnxblock
-
-
 def _loss_block(loss: LossType):
-    onnxblock = _onnxblock()
-    return {LossType.MSELoss: onnxblock.loss.MSELoss, LossType.CrossEntropyLoss: onnxblock.loss.CrossEntropyLoss,
-            LossType.BCEWithLogitsLoss: onnxblock.loss.BCEWithLogitsLoss,
-            LossType.L1Loss: onnxblock.loss.L1Loss}[loss]()
+    return {LossType.MSELoss: MSELoss, LossType.CrossEntropyLoss: CrossEntropyLoss,
+            LossType.BCEWithLogitsLoss: BCEWithLogitsLoss, LossType.L1Loss: L1Loss}[loss]()
 
 
 def _is_jax_loss(loss) -> bool:
     # A Block is callable too: it is an ONNX loss, not a JAX one.
-    return callable(loss) and not isinstance(loss, (LossType, _onnxblock().Block))
+    return callable(loss) and not isinstance(loss, (LossType, Block))
 
 
 @dataclasses.dataclass
@@ -169,30 +156,29 @@ def _refuse_onnxblock(value, what: str) -> None:
 
 def _loss_outputs(base: onnx.ModelProto, loss, scores: list) -> list:
     """Adds the loss to the open base model (a block, checked) and returns the output names."""
-    onnxblock = _onnxblock()
     if isinstance(loss, LossType):
         if not scores:
             raise TrainingError("the model has no outputs to put a loss on")
         _find_output(base, scores[0])
         block = _loss_block(loss)
-    elif isinstance(loss, (onnxblock.ForwardBlock, onnxblock.TrainingBlock)):
+    elif isinstance(loss, (ForwardBlock, TrainingBlock)):
         raise TrainingError(
             f"the loss {type(loss).__name__} is a {type(loss).__mro__[1].__name__}, which builds a whole model; "
             "give a plain onnxblock.Block whose build returns the loss name")
-    elif isinstance(loss, onnxblock.Block):
+    elif isinstance(loss, Block):
         block = loss
     else:
         raise TrainingError(
             f"unknown loss {loss!r}: expected a jaxort LossType, a jaxort.onnxblock Block, a JAX callable, "
             "or None")
-    return onnxblock.blocks._output_names(block(*scores), f"the loss {type(block).__name__}")
+    return output_names(block(*scores), f"the loss {type(block).__name__}")
 
 
 def _build(model, requires_grad, frozen_params, loss, additional_output_names, loss_input_names,
            name_offset=0, gradient_graph=None):
     _refuse_onnxblock(loss, "the loss")
     base = load_model(model, check=True)
-    trainable, frozen = _split_params(base, requires_grad, frozen_params)
+    trainable, frozen = split_params(base, requires_grad, frozen_params)
     scores = list(loss_input_names or [o.name for o in base.graph.output])
     extra = list(additional_output_names or [])
     n_inputs = len(base.graph.input)
@@ -202,10 +188,10 @@ def _build(model, requires_grad, frozen_params, loss, additional_output_names, l
     if gradient_graph and custom:
         raise TrainingError("gradient_graph=True needs a loss in ONNX (a LossType, an onnxblock Block, or None "
                             "with the loss as the model's first output); a JAX callable loss only trains in jaxort")
-    with _onnxblock().base(base, name_offset=name_offset) as handle:
+    with base_context(base, name_offset=name_offset) as handle:
         if loss is None or custom:
             outputs = scores
-            _check(handle.model, "loss graph")
+            check_generated(handle.model, "loss graph")
         else:
             outputs = _loss_outputs(handle.model, loss, scores)
     forward = handle.model
@@ -215,7 +201,7 @@ def _build(model, requires_grad, frozen_params, loss, additional_output_names, l
         label_names = loss_label_names(loss, len(scores))
         properties = {CUSTOM_LOSS_KEY: getattr(loss, "__qualname__", "loss"),
                       CUSTOM_LOSS_LABELS_KEY: ",".join(label_names)}
-    training_model, eval_model, trainable_list, frozen_list = _training_and_eval(
+    training_model, eval_model, trainable_list, frozen_list = training_and_eval(
         forward, outputs + extra, trainable, frozen, gradient_graph=gradient_graph, properties=properties)
     return _Built(training_model, eval_model, trainable_list, frozen_list, label_names), handle.name_count
 
@@ -276,8 +262,7 @@ def build_optimizer_model(optimizer: OptimType, param_dtype: int = TensorProto.F
     Raises:
       TrainingError: an unknown optimizer.
     """
-    onnxblock = _onnxblock()
-    blocks = {OptimType.AdamW: onnxblock.optim.AdamW, OptimType.SGD: onnxblock.optim.SGD}
+    blocks = {OptimType.AdamW: AdamW, OptimType.SGD: SGD}
     if not isinstance(optimizer, OptimType):
         raise TrainingError(f"unknown optimizer {optimizer!r}: expected OptimType.AdamW or OptimType.SGD")
     # The block reads only the parameters' element type.
@@ -287,12 +272,11 @@ def build_optimizer_model(optimizer: OptimType, param_dtype: int = TensorProto.F
 
 def _optimizer_model(block, parameters, opset: int, name_offset: int) -> onnx.ModelProto:
     """An optimizer block's model, built as ORT's generate_artifacts builds it (a fresh empty base)."""
-    onnxblock = _onnxblock()
-    if not isinstance(block, onnxblock.ForwardBlock):
+    if not isinstance(block, ForwardBlock):
         raise TrainingError(
             f"the optimizer {type(block).__name__} is a plain Block; an optimizer block must be a ForwardBlock "
             "(onnxblock.optim.AdamW, onnxblock.optim.SGD, or a ForwardBlock of your own)")
-    with onnxblock.empty_base(opset, name_offset=name_offset):
+    with empty_base(opset, name_offset=name_offset):
         block(parameters)
         return block.to_model_proto()
 
@@ -312,15 +296,15 @@ def float_initializers(model, exclude: Sequence[str] = ()) -> list:
       ...                    loss=LossType.MSELoss, optimizer=OptimType.SGD)  # doctest: +SKIP
     """
     skip = set(exclude)
-    return [t.name for t in load_model(model).graph.initializer if t.data_type in _FLOAT_TYPES and t.name not in skip]
+    return [t.name for t in load_model(model).graph.initializer if t.data_type in FLOAT_TYPES and t.name not in skip]
 
 
 def generate_artifacts(
     model,
     requires_grad: Optional[Sequence[str]] = None,
     frozen_params: Optional[Sequence[str]] = None,
-    loss: Union[LossType, onnxblock.Block, Callable, None] = None,
-    optimizer: Union[OptimType, onnxblock.Block, None] = None,
+    loss: Union[LossType, Block, Callable, None] = None,
+    optimizer: Union[OptimType, Block, None] = None,
     artifact_directory: Union[str, os.PathLike, None] = None,
     prefix: str = "",
     ort_format: bool = False,
@@ -401,7 +385,7 @@ def generate_artifacts(
     if custom_op_library is not None:
         raise TrainingError("custom_op_library is not supported: jaxort runs no ORT kernels")
     _refuse_onnxblock(optimizer, "the optimizer")
-    if optimizer is not None and not isinstance(optimizer, (OptimType, _onnxblock().Block)):
+    if optimizer is not None and not isinstance(optimizer, (OptimType, Block)):
         raise TrainingError(f"unknown optimizer {optimizer!r}: expected OptimType.AdamW, OptimType.SGD or a "
                             "jaxort.onnxblock optimizer block (onnxblock.optim.AdamW(...), SGD(...))")
     built, name_count = _build(model, requires_grad, frozen_params, loss, additional_output_names,

@@ -1,12 +1,14 @@
 """The training and eval models of a forward + loss model, in ORT's layout.
 
-The steps both :func:`jaxort.training.artifacts.generate_artifacts` and
-``jaxort.onnxblock`` take after a loss is built: parameters split and
-checked, outputs registered, initializers moved to inputs, the eval model's
-training mode turned off, gradient buffers and the gradient graph added.
-Kept apart from ``generate`` so that ``jaxort.onnxblock``, which
-``generate`` builds its losses and optimizer models with, imports no module
-that imports it.
+The steps both :func:`jaxort.training.artifacts.generate_artifacts` and the
+blocks' ``TrainingBlock`` (:mod:`jaxort.training.artifacts.blocks`) take
+after a loss is built: parameters split and checked, outputs registered,
+initializers moved to inputs, the eval model's training mode turned off,
+gradient buffers and the gradient graph added. Kept apart from ``generate``
+so that the blocks, which ``generate`` builds its losses and optimizer
+models with, import no module that imports them.
+
+Part of the training layer: it imports onnx and the gradient graph only.
 """
 
 from __future__ import annotations
@@ -23,23 +25,45 @@ from jaxort.training.artifacts.export import trim_inference_batchnorm_outputs
 from jaxort.training.artifacts.gradient import add_gradient_graph, to_batch_norm_internal
 from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX, LAZY_RESET_GRAD
 
+__all__ = ["FLOAT_TYPES", "NO_GRADIENT_DOMAIN", "NO_GRADIENT_OP", "check_generated", "register_outputs",
+           "split_params", "training_and_eval"]
+
 # onnxruntime-training 1.19.2 reads models up to IR version 10 (ONNX 1.16).
 _ORT_MAX_IR_VERSION = 10
 
-_FLOAT_TYPES = frozenset(
+#: The element types a trainable parameter may have.
+FLOAT_TYPES = frozenset(
     {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 
 
-def _check(model: onnx.ModelProto, what: str) -> None:
+def check_generated(model: onnx.ModelProto, what: str) -> None:
+    """Checks a model jaxort built with ``onnx.checker`` (full check).
+
+    Args:
+      model: the model.
+      what: how the error message names it (``"training model"``).
+
+    Raises:
+      TrainingError: the model is not valid ONNX.
+    """
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise TrainingError(f"the generated {what} is not a valid ONNX model: {e}") from e
 
 
-def _register_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
-    # onnxblock's register_graph_outputs: the outputs become exactly `names`,
-    # typed from the existing outputs or the inferred value infos.
+def register_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
+    """Makes ``names`` the graph outputs, as onnxblock's ``register_graph_outputs``.
+
+    Args:
+      model: the model, changed in place; its outputs become exactly
+        ``names``, typed from the existing outputs or the value infos
+        (inferred shapes).
+      names: the output values, in order.
+
+    Raises:
+      TrainingError: a name is neither an output nor a value of known type.
+    """
     known = {vi.name: vi for vi in model.graph.value_info}
     known.update({o.name: o for o in model.graph.output})
     missing = [n for n in names if n not in known]
@@ -50,7 +74,23 @@ def _register_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
     model.graph.output.extend(outputs)
 
 
-def _split_params(base: onnx.ModelProto, requires_grad, frozen_params):
+def split_params(base: onnx.ModelProto, requires_grad: Optional[Sequence[str]],
+                 frozen_params: Optional[Sequence[str]]) -> tuple:
+    """The trainable and frozen parameter names, checked against the model's initializers.
+
+    Args:
+      base: the forward model.
+      requires_grad: the initializers to train; None trains nothing, as in
+        ORT 1.19.2.
+      frozen_params: the initializers kept as frozen parameters, or None.
+
+    Returns:
+      ``(trainable, frozen)``, two sets of names.
+
+    Raises:
+      TrainingError: a name in both lists, a name that is no initializer,
+        or a trainable initializer that is not floating point.
+    """
     init_names = [t.name for t in base.graph.initializer]
     frozen = list(frozen_params or [])
     # As ORT 1.19.2: requires_grad=None trains nothing.
@@ -63,7 +103,7 @@ def _split_params(base: onnx.ModelProto, requires_grad, frozen_params):
     if unknown:
         raise TrainingError(f"{unknown} are not initializers of the model; it has {init_names}")
     bad = [t.name for t in base.graph.initializer
-           if t.name in set(trainable) and t.data_type not in _FLOAT_TYPES]
+           if t.name in set(trainable) and t.data_type not in FLOAT_TYPES]
     if bad:
         raise TrainingError(f"parameters {bad} are not floating point and cannot require gradients")
     return set(trainable), set(frozen)
@@ -127,11 +167,12 @@ def _mark_no_gradient_graph(model: onnx.ModelProto, trainable: Sequence[str]) ->
         model.opset_import.append(helper.make_opsetid(NO_GRADIENT_DOMAIN, 1))
 
 
-def _training_and_eval(forward: onnx.ModelProto, outputs: Sequence[str], trainable: set, frozen: set, *,
-                       gradient_graph: bool = True, properties: Optional[dict] = None):
+def training_and_eval(forward: onnx.ModelProto, outputs: Sequence[str], trainable: set, frozen: set, *,
+                      gradient_graph: bool = True, properties: Optional[dict] = None) -> tuple:
     """The training and eval models of a forward + loss model, in ORT's layout.
 
-    Shared by :func:`generate_artifacts` and ``jaxort.onnxblock.TrainingBlock``.
+    Shared by :func:`~jaxort.training.artifacts.generate_artifacts` and
+    ``jaxort.onnxblock.TrainingBlock``.
 
     Args:
       forward: the checked forward + loss model (not changed).
@@ -145,7 +186,7 @@ def _training_and_eval(forward: onnx.ModelProto, outputs: Sequence[str], trainab
       TensorProto lists in initializer order.
     """
     inferred = onnx.shape_inference.infer_shapes(forward)
-    _register_outputs(inferred, list(outputs))
+    register_outputs(inferred, list(outputs))
     trainable_list = [t for t in inferred.graph.initializer if t.name in trainable]
     frozen_list = [t for t in inferred.graph.initializer if t.name in frozen]
     _move_initializers_to_inputs(inferred, trainable | frozen)

@@ -9,7 +9,7 @@ become graph inputs, ``<param>_grad.accumulation.buffer`` inputs and
 :mod:`jaxort.training.artifacts.gradient` ends in one ``InPlaceAccumulatorV2``
 per trainable parameter.
 
-Part of the training layer: imports the artifact generator, never the facades.
+Part of the training layer: imports the blocks' base and the artifacts' assembly, never the facades.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import abc
 import onnx
 
 from jaxort.errors import StateError, TrainingError
-from jaxort.onnxblock.blocks import Block, _output_names
-from jaxort.training.artifacts._assemble import _check, _register_outputs, _split_params, _training_and_eval
+from jaxort.training.artifacts.assemble import check_generated, register_outputs, split_params, training_and_eval
+from jaxort.training.artifacts.blocks._base import Block, output_names
 
 __all__ = ["ForwardBlock", "TrainingBlock"]
 
@@ -71,7 +71,7 @@ class ForwardBlock(Block):
         """
         accessor, output = self._build_on_open_model(args, kwargs)
         model = onnx.shape_inference.infer_shapes(accessor.model)
-        _register_outputs(model, _output_names(output, f"{type(self).__name__}.build"))
+        register_outputs(model, output_names(output, f"{type(self).__name__}.build"))
         accessor.model.CopyFrom(model)
         self._model = model
         return output
@@ -168,10 +168,10 @@ class TrainingBlock(Block):
         """
         self._state("__call__")
         accessor, output = self._build_on_open_model(args, kwargs, check=False)
-        outputs = _output_names(output, f"{type(self).__name__}.build")
-        _check(accessor.model, f"model built by {type(self).__name__}")
-        trainable, frozen = _split_params(accessor.model, list(self._requires_grad), list(self._frozen_params))
-        training, evaluation, params, frozen_params = _training_and_eval(
+        outputs = output_names(output, f"{type(self).__name__}.build")
+        check_generated(accessor.model, f"model built by {type(self).__name__}")
+        trainable, frozen = split_params(accessor.model, list(self._requires_grad), list(self._frozen_params))
+        training, evaluation, params, frozen_params = training_and_eval(
             accessor.model, outputs, trainable, frozen)
         self._parameters = (params, frozen_params)
         self._models = (training, evaluation)
