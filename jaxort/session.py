@@ -119,11 +119,11 @@ class CheckpointHandle:
 
     def get_parameter(self, name: str) -> np.ndarray:
         """The parameter's current value (a numpy copy); UnknownNameError / StateError (nominal)."""
-        return self.cell.run(lambda st: st.parameter(name))
+        return self.cell.read(lambda st: st.parameter(name))
 
     def get_gradient(self, name: str) -> Optional[np.ndarray]:
         """The accumulated gradient of a trainable parameter, or None (frozen, or no session yet)."""
-        return self.cell.run(lambda st: st.gradient(name))
+        return self.cell.read(lambda st: st.gradient(name))
 
     def get_parameter_type_and_shape(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
         """The parameter's dtype and shape (works on nominal states)."""
@@ -131,11 +131,11 @@ class CheckpointHandle:
 
     def update_parameter(self, name: str, value: Any) -> None:
         """Replaces a parameter's value; shape and dtype must match (InputError otherwise)."""
-        self.cell.run(lambda st: st.update_parameter(name, value))
+        self.cell.update(lambda st: st.update_parameter(name, value))
 
     def add_property(self, name: str, value: Union[int, float, str]) -> None:
         """Adds or replaces a property: int (int64), float (stored as float32) or str."""
-        self.cell.run(lambda st: st.add_property(name, value))
+        self.cell.update(lambda st: st.add_property(name, value))
 
     def get_property(self, name: str) -> Union[int, float, str]:
         """A property's value; UnknownNameError when there is none."""
@@ -151,7 +151,7 @@ class CheckpointHandle:
 
     def to_checkpoint(self, include_optimizer_state: bool = False) -> _ckpt.Checkpoint:
         """The state as a :class:`jaxort.checkpoint.Checkpoint` (numpy), as it would be saved."""
-        return self.cell.run(lambda st: st.to_checkpoint(bool(include_optimizer_state)))
+        return self.cell.read(lambda st: st.to_checkpoint(bool(include_optimizer_state)))
 
     @property
     def released(self) -> bool:
@@ -279,7 +279,7 @@ class TrainingSession:
         self._handle = state
         self._program = program
         self._released = False
-        state.cell.run(lambda st: st.attach(program, device=device, owner=self, mesh=mesh, strategy=strategy))
+        state.cell.update(lambda st: st.attach(program, device=device, owner=self, mesh=mesh, strategy=strategy))
 
     @classmethod
     def from_buffers(cls, state: CheckpointHandle, train_model: bytes, eval_model: Optional[bytes] = None,
@@ -294,16 +294,18 @@ class TrainingSession:
             None if b is None else bytes(b) for b in (train_model, eval_model, optimizer_model))
         return cls(state, train_model, eval_model, optimizer_model, device=device, **placement)
 
-    def _run(self, fn, deferring: bool = False):
-        """``fn(state)`` as one transaction on the handle's cell, once this session still owns it.
-
-        ``deferring``: ``fn`` is a train step or a call the state defers to
-        the next one (``SessionCell.run``); every other call runs the
-        deferred ones first.
-        """
+    def _cell(self) -> SessionCell:
         if self._released:
             raise StateError("the TrainingSession was released")
-        return self._handle.cell.run(fn, owner=self, deferring=deferring)
+        return self._handle.cell
+
+    def _read(self, fn):
+        """``fn(state)`` as one transaction on the handle's cell, once this session still owns it."""
+        return self._cell().read(fn, owner=self)
+
+    def _update(self, fn, deferring: bool = False) -> None:
+        """Replaces the state by ``fn(state)``, once this session owns it (``deferring``: see ``SessionCell``)."""
+        self._cell().update(fn, owner=self, deferring=deferring)
 
     def train_step(self, *inputs) -> tuple[np.ndarray, ...]:
         """Runs one training step (TrainStep): forward, loss, gradient accumulation.
@@ -314,15 +316,15 @@ class TrainingSession:
         back as numpy arrays, loss first. InputError for wrong inputs,
         StateError once released or while nominal.
         """
-        return self._run(lambda st: st.train_step(inputs), deferring=True)
+        return self._cell().step(lambda st: st.train_step(inputs), owner=self, deferring=True)
 
     def eval_step(self, *inputs) -> tuple[np.ndarray, ...]:
         """Runs the eval model on the current parameters (EvalStep); StateError without an eval model."""
-        return self._run(lambda st: st.eval_step(inputs))
+        return self._read(lambda st: st.eval_step(inputs))
 
     def lazy_reset_grad(self) -> None:
         """Makes the next train step overwrite the gradients instead of adding to them (LazyResetGrad)."""
-        self._run(lambda st: st.lazy_reset_grad(), deferring=True)
+        self._update(lambda st: st.lazy_reset_grad(), deferring=True)
 
     def optimizer_step(self) -> None:
         """Updates the trainable parameters from the accumulated gradients, which stay (OptimizerStep).
@@ -330,7 +332,7 @@ class TrainingSession:
         StateError without an optimizer model, or before any train step of
         this session (ORT 1.19.2 would step on zero gradients).
         """
-        self._run(lambda st: st.optimizer_step(), deferring=True)
+        self._update(lambda st: st.optimizer_step(), deferring=True)
 
     def attach_optimizer(self, optimizer_model: ModelLike) -> None:
         """Gives a session created without an optimizer model one (``onnxruntime.training.api.Optimizer``).
@@ -338,18 +340,18 @@ class TrainingSession:
         Parameters, gradients and the PRNG key carry over; the optimizer state
         starts from the checkpoint's optimizer group if it has one.
         """
-        base, checkpoint = self._run(lambda st: (st.program, st.checkpoint))
+        base, checkpoint = self._read(lambda st: (st.program, st.checkpoint))
         program = _training.PROGRAMS.get(base.training_model, base.eval_model, optimizer_model, checkpoint)
-        self._run(lambda st: st.with_optimizer(program))
+        self._update(lambda st: st.with_optimizer(program))
         self._program = program
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next optimizer steps (SetLearningRate)."""
-        self._run(lambda st: st.set_learning_rate(learning_rate), deferring=True)
+        self._update(lambda st: st.set_learning_rate(learning_rate), deferring=True)
 
     def get_learning_rate(self) -> float:
         """The current learning rate (GetLearningRate), a float32 value as a Python float."""
-        return self._run(lambda st: st.learning_rate())
+        return self._read(lambda st: st.learning_rate())
 
     def register_linear_lr_scheduler(self, warmup_step_count: int, total_step_count: int,
                                      initial_lr: float) -> None:
@@ -361,11 +363,11 @@ class TrainingSession:
         their documented meaning, as in ORT's C API (ORT 1.19.2's *Python*
         LinearLRScheduler swaps them; see ``jaxort.api.LinearLRScheduler``).
         """
-        self._run(lambda st: st.register_linear_lr_scheduler(warmup_step_count, total_step_count, initial_lr))
+        self._update(lambda st: st.register_linear_lr_scheduler(warmup_step_count, total_step_count, initial_lr))
 
     def scheduler_step(self) -> None:
         """Recomputes the learning rate from the optimizer step count (SchedulerStep)."""
-        self._run(lambda st: st.scheduler_step(), deferring=True)
+        self._update(lambda st: st.scheduler_step(), deferring=True)
 
     def get_parameters_size(self, trainable_only: bool = False) -> int:
         """Number of parameter elements (GetParametersSize); works on nominal states.
@@ -375,7 +377,7 @@ class TrainingSession:
             ORT's C++ API default (False); ``jaxort.api`` keeps the Python
             default (True).
         """
-        return self._run(lambda st: st.parameters_size(trainable_only))
+        return self._read(lambda st: st.parameters_size(trainable_only))
 
     def copy_parameters_to_buffer(self, trainable_only: bool = False) -> np.ndarray:
         """The parameters flattened into one new float32 vector (CopyParametersToBuffer).
@@ -383,7 +385,7 @@ class TrainingSession:
         The order is the training model's parameter inputs, as in ORT (which
         fills an OrtValue); StateError on a nominal state.
         """
-        return self._run(lambda st: st.parameters_to_buffer(trainable_only))
+        return self._read(lambda st: st.parameters_to_buffer(trainable_only))
 
     def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = False) -> None:
         """Sets parameters from one flat float32 vector (CopyBufferToParameters).
@@ -393,7 +395,7 @@ class TrainingSession:
         be False, as in ORT) and makes the session ready to train. InputError
         for a wrong size or dtype.
         """
-        self._run(lambda st: st.buffer_to_parameters(buffer, trainable_only))
+        self._update(lambda st: st.buffer_to_parameters(buffer, trainable_only))
 
     def export_model_for_inferencing(self, inference_model_path: PathLike,
                                      graph_output_names: Sequence[str]) -> None:
@@ -403,28 +405,28 @@ class TrainingSession:
         initializers; the file loads in ``onnxruntime.InferenceSession``.
         StateError without an eval model; TrainingError for an unknown output.
         """
-        onnx.save(self._run(lambda st: st.export_model(graph_output_names)), os.fspath(inference_model_path))
+        onnx.save(self._read(lambda st: st.export_model(graph_output_names)), os.fspath(inference_model_path))
 
     def set_seed(self, seed: int) -> None:
         """Reseeds this session's random training-mode ops (Dropout)."""
-        self._run(lambda st: st.set_seed(seed))
+        self._update(lambda st: st.set_seed(seed))
 
     def training_model_input_names(self) -> list[str]:
         """The training model's user inputs then labels (parameters and buffers excluded)."""
-        return list(self._run(lambda st: st.program).input_names)
+        return list(self._read(lambda st: st.program).input_names)
 
     def training_model_output_names(self) -> list[str]:
         """The training model's user outputs, loss first (gradient outputs excluded)."""
-        return list(self._run(lambda st: st.program).output_names)
+        return list(self._read(lambda st: st.program).output_names)
 
     def eval_model_input_names(self) -> list[str]:
         """The eval model's user inputs then labels; empty without an eval model."""
-        program = self._run(lambda st: st.program)
+        program = self._read(lambda st: st.program)
         return list(program.eval_input_names) if program.has_eval_model else []
 
     def eval_model_output_names(self) -> list[str]:
         """The eval model's outputs; empty without an eval model."""
-        program = self._run(lambda st: st.program)
+        program = self._read(lambda st: st.program)
         return list(program.eval_output_names) if program.has_eval_model else []
 
     # TrainingSessionGet{Training,Eval}Model{Input,Output}{Count,Name}
@@ -463,7 +465,7 @@ class TrainingSession:
     @property
     def device(self) -> jax.Device:
         """The JAX device holding the state."""
-        return self._run(lambda st: st.device)
+        return self._read(lambda st: st.device)
 
     @property
     def train_state(self):
@@ -488,7 +490,7 @@ class TrainingSession:
         self._released = True
         if self._handle.released:  # the state went first, and freed the buffers
             return
-        _free(self._handle.cell.run(lambda st: (st.detach(), st) if st.owner is self else None))
+        _free(self._handle.cell.step(lambda st: (st.detach(), st) if st.owner is self else (st, None)))
 
     def __enter__(self) -> "TrainingSession":
         return self

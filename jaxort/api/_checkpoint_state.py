@@ -43,17 +43,17 @@ class Parameter:
     @property
     def data(self) -> np.ndarray:
         """The parameter's value (a numpy copy)."""
-        return self._state.cell.run(lambda st: st.parameter(self._name))
+        return self._state.cell.read(lambda st: st.parameter(self._name))
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
         """Replaces the value; shape and dtype must match (InputError otherwise)."""
-        self._state.cell.run(lambda st: st.update_parameter(self._name, value))
+        self._state.cell.update(lambda st: st.update_parameter(self._name, value))
 
     @property
     def grad(self) -> Optional[np.ndarray]:
         """The accumulated gradient, or None (frozen parameter, or no Module yet)."""
-        return self._state.cell.run(lambda st: st.gradient(self._name))
+        return self._state.cell.read(lambda st: st.gradient(self._name))
 
     @property
     def requires_grad(self) -> bool:
@@ -90,7 +90,7 @@ class Parameters:
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
         """Replaces a parameter's value (KeyError, InputError or StateError when it cannot)."""
-        self._state.cell.run(lambda st: st.update_parameter(name, value))
+        self._state.cell.update(lambda st: st.update_parameter(name, value))
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self._state.session_state.has_parameter(name)
@@ -140,7 +140,7 @@ class Properties:
 
     def __setitem__(self, name: str, value: Union[int, float, str]) -> None:
         """Adds or replaces a property; InputError for a value that is not int, float or str."""
-        self._state.cell.run(lambda st: st.add_property(name, value))
+        self._state.cell.update(lambda st: st.add_property(name, value))
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self._state.session_state.properties
@@ -226,7 +226,7 @@ class CheckpointState:
         if not isinstance(state, CheckpointState):
             raise ArgumentTypeError(f"state must be a jaxort.api.CheckpointState, got {type(state).__name__}")
         path = _path(checkpoint_uri, "checkpoint_uri")
-        data = state.cell.run(lambda st: st.to_checkpoint(bool(include_optimizer_state)))
+        data = state.cell.read(lambda st: st.to_checkpoint(bool(include_optimizer_state)))
         _ckpt.save(data, path, include_optimizer_state=bool(include_optimizer_state))
 
     @property

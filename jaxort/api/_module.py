@@ -75,18 +75,16 @@ class Module:
                                          state.session_state.checkpoint)
         self.training = True
         self._state = state
-        state.session_state = state.session_state.attach(program, device=device, owner=self, mesh=mesh,
-                                                         strategy=strategy)
+        state.cell.update(lambda st: st.attach(program, device=device, owner=self, mesh=mesh, strategy=strategy))
 
-    def _run(self, fn, optimizer: Any = None, deferring: bool = False):
-        """``fn(state)`` as one transaction on the CheckpointState's cell, once this Module owns it.
+    def _read(self, fn, optimizer: Any = None):
+        """``fn(state)`` as one transaction on the CheckpointState's cell, once this Module owns it."""
+        return self._state.cell.read(fn, owner=self, optimizer=optimizer, owner_message=_OWNER_MESSAGE)
 
-        ``deferring``: ``fn`` is a train step or a call the state defers to
-        the next one (``SessionCell.run``); every other call runs the
-        deferred ones first.
-        """
-        return self._state.cell.run(fn, owner=self, optimizer=optimizer, deferring=deferring,
-                                    owner_message=_OWNER_MESSAGE)
+    def _update(self, fn, optimizer: Any = None, deferring: bool = False) -> None:
+        """Replaces the state by ``fn(state)``, once this Module owns it (``deferring``: see ``SessionCell``)."""
+        self._state.cell.update(fn, owner=self, optimizer=optimizer, deferring=deferring,
+                                owner_message=_OWNER_MESSAGE)
 
     def __call__(self, *user_inputs) -> Union[np.ndarray, tuple[np.ndarray, ...]]:
         """Runs a train step (training mode) or an eval step (eval mode).
@@ -110,10 +108,10 @@ class Module:
                 inputs = tuple(x.numpy() if is_value else x for x, is_value in zip(user_inputs, ort_values))
                 break
         if self.training:
-            outputs = self._state.cell.run(lambda st: st.train_step(inputs), owner=self, deferring=True,
+            outputs = self._state.cell.step(lambda st: st.train_step(inputs), owner=self, deferring=True,
                                            owner_message=_OWNER_MESSAGE)
         else:
-            outputs = self._run(lambda st: st.eval_step(inputs))
+            outputs = self._read(lambda st: st.eval_step(inputs))
         if ort_values and all(ort_values):
             outputs = tuple(OrtValue(np.asarray(o)) for o in outputs)
         return outputs[0] if len(outputs) == 1 else outputs
@@ -129,7 +127,7 @@ class Module:
 
     def lazy_reset_grad(self) -> None:
         """Makes the next train step overwrite the gradients instead of adding to them."""
-        self._state.cell.run(_lazy_reset_grad, owner=self, deferring=True, owner_message=_OWNER_MESSAGE)
+        self._state.cell.update(_lazy_reset_grad, owner=self, deferring=True, owner_message=_OWNER_MESSAGE)
 
     def get_contiguous_parameters(self, trainable_only: bool = False) -> OrtValue:
         """The parameters as one float32 vector, in the training model's input order.
@@ -146,12 +144,12 @@ class Module:
         """
         trainable_only = _flag(trainable_only, "trainable_only")
         # parameters_to_buffer returns a fresh array: the OrtValue takes it without a copy.
-        return OrtValue._owning(self._run(lambda st: st.parameters_to_buffer(trainable_only)))
+        return OrtValue._owning(self._read(lambda st: st.parameters_to_buffer(trainable_only)))
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (works on nominal states)."""
         trainable_only = _flag(trainable_only, "trainable_only")
-        return self._run(lambda st: st.parameters_size(trainable_only))
+        return self._read(lambda st: st.parameters_size(trainable_only))
 
     def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = True) -> None:
         """Sets the parameters from one float32 vector: an OrtValue (jaxort's or ORT's), numpy or JAX.
@@ -166,7 +164,7 @@ class Module:
         if _is_ort_value(buffer):
             buffer = buffer.numpy()
         trainable_only = _flag(trainable_only, "trainable_only")
-        self._run(lambda st: st.buffer_to_parameters(buffer, trainable_only))
+        self._update(lambda st: st.buffer_to_parameters(buffer, trainable_only))
 
     def export_model_for_inferencing(self, inference_model_uri: PathLike,
                                      graph_output_names: Sequence[str]) -> None:
@@ -177,18 +175,18 @@ class Module:
           TrainingError: an unknown output name.
         """
         path, names = _output_path(inference_model_uri), _names(graph_output_names)
-        onnx.save(self._run(lambda st: st.export_model(names)), path)
+        onnx.save(self._read(lambda st: st.export_model(names)), path)
 
     def input_names(self) -> list[str]:
         """User inputs then labels of the training model (eval model in eval mode)."""
-        program = self._run(lambda st: st.program)
+        program = self._read(lambda st: st.program)
         if self.training:
             return list(program.input_names)
         return list(program.eval_input_names) if program.has_eval_model else []
 
     def output_names(self) -> list[str]:
         """User outputs of the training model (eval model in eval mode), loss first."""
-        program = self._run(lambda st: st.program)
+        program = self._read(lambda st: st.program)
         if self.training:
             return list(program.output_names)
         return list(program.eval_output_names) if program.has_eval_model else []
@@ -243,9 +241,9 @@ class Optimizer:
         if not isinstance(module, Module):
             raise ArgumentTypeError(f"module must be a jaxort.api.Module, got {type(module).__name__}")
         self._module = module
-        base, checkpoint = module._run(lambda st: (st.program, st.checkpoint))
+        base, checkpoint = module._read(lambda st: (st.program, st.checkpoint))
         program = _training.PROGRAMS.get(base.training_model, base.eval_model, _uri(optimizer_uri), checkpoint)
-        module._run(lambda st: st.with_optimizer(program, owner=self))
+        module._update(lambda st: st.with_optimizer(program, owner=self))
 
     def step(self) -> None:
         """Applies one optimizer step; gradients are kept.
@@ -255,16 +253,16 @@ class Optimizer:
             zero gradients).
         """
         module = self._module
-        module._state.cell.run(_optimizer_step, owner=module, optimizer=self, deferring=True,
-                               owner_message=_OWNER_MESSAGE)
+        module._state.cell.update(_optimizer_step, owner=module, optimizer=self, deferring=True,
+                                  owner_message=_OWNER_MESSAGE)
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Sets the learning rate of the next steps."""
-        self._module._run(lambda st: st.set_learning_rate(learning_rate), optimizer=self, deferring=True)
+        self._module._update(lambda st: st.set_learning_rate(learning_rate), optimizer=self, deferring=True)
 
     def get_learning_rate(self) -> float:
         """The current learning rate (a float32 value)."""
-        return self._module._run(lambda st: st.learning_rate(), optimizer=self)
+        return self._module._read(lambda st: st.learning_rate(), optimizer=self)
 
 
 class LinearLRScheduler:
@@ -299,17 +297,17 @@ class LinearLRScheduler:
         if not isinstance(optimizer, Optimizer):
             raise ArgumentTypeError(f"optimizer must be a jaxort.api.Optimizer, got {type(optimizer).__name__}")
         self._optimizer = optimizer
-        optimizer._module._run(lambda st: st.register_linear_lr_scheduler(
+        optimizer._module._update(lambda st: st.register_linear_lr_scheduler(
             warmup_step_count, total_step_count, initial_lr), optimizer=optimizer)
 
     def step(self) -> None:
         """Recomputes the learning rate from the optimizer's step count."""
-        self._optimizer._module._run(lambda st: st.scheduler_step(), optimizer=self._optimizer,
-                                     deferring=True)
+        self._optimizer._module._update(lambda st: st.scheduler_step(), optimizer=self._optimizer,
+                                        deferring=True)
 
 
-# The steps of a training loop, as plain functions: ``Module._run`` would
-# add a call and a closure to each (see SessionCell.run).
+# The steps of a training loop, as plain functions: ``Module._update`` would
+# add a call and a closure to each (see SessionCell).
 def _lazy_reset_grad(st):
     return st.lazy_reset_grad()
 

@@ -55,7 +55,8 @@ from jaxort.training.precision import Policy, bfloat16_policy, cast_model
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
 from jaxort.training.sharding import Placement, gather, make_mesh, shard
-from jaxort.training.session_state import PROCESS_SEED, PROGRAMS, ProcessSeed, ProgramCache, SessionState
+from jaxort.training.process import PROCESS_SEED, PROGRAMS, ProcessSeed, ProgramCache
+from jaxort.training.session_state import SessionState
 from jaxort.training.state import (
     TrainState,
     apply_schedule,

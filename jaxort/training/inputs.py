@@ -18,7 +18,7 @@ import onnx
 
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, JaxortError
-from jaxort.graph import JaxGraph, normalize_domain
+from jaxort.graph import JaxGraph, check_input, normalize_domain
 from jaxort.training.artifacts import read as ort_artifacts
 from jaxort.training.layout import ParameterLayout
 
@@ -131,7 +131,7 @@ class InputChecker:
         self._traced_counts: dict = {}
         self._lock = threading.Lock()
         # Signatures (type, dtype, shape of each input) that passed the checks
-        # of _check_input unchanged: a batch like the previous ones skips them.
+        # of check_input unchanged: a batch like the previous ones skips them.
         self._passed: set = set()
 
     def check(self, inputs: tuple) -> tuple:
@@ -152,7 +152,7 @@ class InputChecker:
         except AttributeError:  # a list or a scalar: checked (and converted) below
             signature = None
         if signature is None or signature not in self._passed:
-            out = tuple(_check_input(spec, x) for spec, x in zip(self.specs, inputs))
+            out = tuple(check_input(*spec, x) for spec, x in zip(self.specs, inputs))
             if signature is not None and len(self._passed) < _PASSED_SIGNATURES and \
                     all(o is x for o, x in zip(out, inputs)):
                 self._passed.add(signature)
@@ -237,42 +237,3 @@ def _all_below(labels: np.ndarray, count: int) -> bool:
     if unsigned is not None:  # seen as unsigned, a negative label is larger than any class count
         return int(np.maximum.reduce(labels.view(unsigned), axis=None)) < count
     return bool(labels.min() >= 0 and labels.max() < count)
-
-
-def _check_input(spec, x):
-    """``x`` checked against ``(name, shape, dtype)``; nested lists become numpy arrays of the declared dtype."""
-    name, shape, dtype = spec
-    if (type(x) is np.ndarray and dtype is not None and shape is not None and x.dtype == dtype
-            and len(x.shape) == len(shape) and all(e == g for e, g in zip(shape, x.shape) if type(e) is int)):
-        return x  # the common case; every other one is checked in full below
-    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
-        array = np.asarray(x) if isinstance(x, (list, tuple, int, float, bool)) else None
-        if array is None or array.dtype == object:
-            raise InputError(f"input {name!r}: expected an array"
-                             + (f" of dtype {dtype} shape {_shape_text(shape)}" if dtype is not None else "")
-                             + f", given {type(x).__name__}")
-        if dtype is not None and array.dtype != dtype:
-            if not (array.dtype.kind in "biu" and dtype.kind in "biuf" and (array.dtype.kind == "b") ==
-                    (dtype.kind == "b")) and not (array.dtype.kind == "f" and dtype.kind == "f"):
-                raise InputError(f"input {name!r}: expected dtype {dtype}, given a list of "
-                                 f"{array.dtype} values")
-            array = array.astype(dtype)
-        x = array
-    given = np.dtype(x.dtype)
-    if dtype is not None and given != dtype:
-        # JAX arrays cannot hold 64-bit values with JAX's 64-bit mode off:
-        # an int32 jax.Array stands for an int64 input then, as inside jit.
-        jax_narrowed = isinstance(x, jax.Array) and given == jax.dtypes.canonicalize_dtype(dtype)
-        if not jax_narrowed:
-            raise InputError(
-                f"input {name!r}: expected dtype {dtype}, given {given}; ONNX Runtime refuses it too, and "
-                f"jaxort does not convert silently: pass it as {dtype} (e.g. x.astype(np.{dtype.name}))")
-    if shape is not None and (len(x.shape) != len(shape) or any(
-            isinstance(e, int) and e != g for e, g in zip(shape, x.shape))):
-        raise InputError(f"input {name!r}: expected shape {_shape_text(shape)} dtype {dtype}, given shape "
-                         f"{list(x.shape)} dtype {given}")
-    return x
-
-
-def _shape_text(shape) -> str:
-    return "any" if shape is None else str(list(shape))

@@ -499,9 +499,18 @@ class TrainProgram:
             raise TrainingError("this program has no optimizer model")
         if schedule_step and schedule is None:
             raise TrainingError("schedule_step needs a schedule")
+        return self.train_after(state, Pending(bool(optimizer_step), learning_rate is not None,
+                                               0.0 if learning_rate is None else learning_rate,
+                                               bool(schedule_step), bool(reset_grad)), *inputs, schedule=schedule)
+
+    def train_after(self, state: TrainState, pending: Pending, *inputs,
+                    schedule: Callable | None = None) -> tuple[TrainState, tuple]:
+        """:meth:`train_step_after` with the calls given as one :class:`jaxort.training.pending.Pending`.
+
+        Raises:
+          InputError: see :meth:`check_inputs`.
+        """
         inputs = self._train_inputs.check(inputs)
-        pending = Pending(bool(optimizer_step), learning_rate is not None,
-                          0.0 if learning_rate is None else learning_rate, bool(schedule_step), bool(reset_grad))
         if type(state) is not PackedState and placement_of(state) is not None:
             # On a mesh the calls run one by one, each with the state's shardings.
             state = run_pending(state, pending, optimizer_step=self.optimizer_step,

@@ -10,12 +10,8 @@ of that as one value. Every operation is a method that returns a new value
 state handle and replace it after every call, so they hold no logic of
 their own.
 
-Two things are process-wide in ORT, and jaxort keeps each in one explicit
-object of this module: the random seed set by ``SetSeed``
-(:data:`PROCESS_SEED`, a :class:`ProcessSeed`), and, in the role of ORT's
-session cache, the compiled programs of artifacts already seen
-(:data:`PROGRAMS`, a :class:`ProgramCache`), so that re-creating a session over
-the same files does not recompile.
+The process-wide seed of ``SetSeed`` and the cache of compiled programs
+live in :mod:`jaxort.training.process`.
 
 Part of the training layer: imports the checkpoint and graph layers and the
 rest of training, never the facades.
@@ -23,12 +19,10 @@ rest of training, never the facades.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import hashlib
 import threading
+import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -36,121 +30,27 @@ import onnx
 
 from jaxort import checkpoint as ckpt
 from jaxort.errors import InputError, StateError, UnknownNameError
-from jaxort.graph import load_model
 from jaxort.training.artifacts.export import export_model_for_inferencing
 from jaxort.training.layout import ParameterLayout
-from jaxort.training.optimizers import as_optimizer
 from jaxort.training.packing import PackedState, pack, unpack
+from jaxort.training.pending import Pending, run_pending
+from jaxort.training.process import PROCESS_SEED, PROGRAMS, ProcessSeed, ProgramCache
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
 from jaxort.training.sharding import Placement, gather
-from jaxort.training.state import TrainState, apply_schedule, set_initial_learning_rate, set_learning_rate
+from jaxort.training.state import TrainState, apply_schedule, set_initial_learning_rate
 from jaxort.training.state import set_seed as _reseed
 
 __all__ = ["PROCESS_SEED", "PROGRAMS", "ProcessSeed", "ProgramCache", "SessionCell", "SessionState"]
 
-# The calls a session may defer to its next train step, in the order they run.
-_DEFERRED = ("optimizer", "lr", "schedule", "reset")
-
-_NOMINAL_STEP = ("Cannot run a step with a nominal checkpoint state: its parameters have no values. "
-                 "Please load the model parameters first (copy_buffer_to_parameters with "
-                 "trainable_only=False).")
+# No call deferred.
+_NO_CALLS = Pending()
 
 
-class ProgramCache:
-    """Compiled :class:`TrainProgram` s keyed by the content of their artifacts (an LRU).
-
-    Programs hold no training state, so sessions over the same files may
-    share one and compile once.
-
-    Args:
-      size: how many programs to keep.
-    """
-
-    def __init__(self, size: int = 16):
-        self._size = int(size)
-        self._programs: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, training_model, eval_model, optimizer_model, checkpoint: ckpt.Checkpoint) -> TrainProgram:
-        """The program for these artifacts and the checkpoint's parameter names.
-
-        Args:
-          training_model, eval_model, optimizer_model: paths, bytes or
-            ModelProtos (eval and optimizer may be None). The optimizer may
-            also be an optimizer object (an optax ``GradientTransformation``,
-            an ``OptaxOptimizer`` or ``OrtOptimizer``), cached by identity.
-          checkpoint: tells parameters from user inputs, as in ORT.
-
-        Returns:
-          A cached or new program.
-        """
-        optimizer = optimizer_model if as_optimizer(optimizer_model) is not None else None
-        protos = [None if m is None else load_model(m, check=False)
-                  for m in (training_model, eval_model, None if optimizer is not None else optimizer_model)]
-        digest = hashlib.sha256()
-        for proto in protos:
-            digest.update(b"-" if proto is None else hashlib.sha256(proto.SerializeToString()).digest())
-        if optimizer is not None:
-            # The cached program holds the object (program.optimizer, or its
-            # .transform), so its id is not reused while the entry lives.
-            digest.update(b"optimizer object %d" % id(optimizer))
-        digest.update(repr((list(checkpoint.trainable), list(checkpoint.frozen))).encode())
-        key = digest.digest()
-        with self._lock:
-            program = self._programs.get(key)
-            if program is not None:
-                self._programs.move_to_end(key)
-                return program
-        if optimizer is not None:
-            protos[2] = optimizer
-        program = TrainProgram.from_artifacts(*protos, checkpoint=checkpoint)
-        with self._lock:
-            self._programs[key] = program
-            while len(self._programs) > self._size:
-                self._programs.popitem(last=False)
-        return program
-
-    def clear(self) -> None:
-        """Forgets every program."""
-        with self._lock:
-            self._programs.clear()
-
-    def __len__(self) -> int:
-        return len(self._programs)
-
-
-class ProcessSeed:
-    """The process-wide seed of ORT's ``SetSeed``: sessions created later start from it, live ones follow it.
-
-    ``generation`` counts the calls to :meth:`set`, so a session can tell it
-    has not yet followed the latest one (:meth:`SessionState.follow_seed`).
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._seed: Optional[int] = None
-        self._generation = 0
-
-    def set(self, seed: int) -> None:
-        """Sets the seed."""
-        with self._lock:
-            self._seed = int(seed)
-            self._generation += 1
-
-    @property
-    def generation(self) -> int:
-        """How many times :meth:`set` was called (read without the lock: an int read is atomic)."""
-        return self._generation
-
-    def get(self) -> tuple[Optional[int], int]:
-        """``(seed or None if never set, generation)``."""
-        with self._lock:
-            return self._seed, self._generation
-
-
-PROGRAMS = ProgramCache()
-PROCESS_SEED = ProcessSeed()
+def _nominal_error(action: str, load: str = "the model parameters") -> StateError:
+    """The error of a call that needs parameter values on a nominal state (ORT's wording of what to load)."""
+    return StateError(f"Cannot {action} a nominal checkpoint state: its parameters have no values. Please "
+                      f"load {load} first (copy_buffer_to_parameters with trainable_only=False).")
 
 
 def _host_inputs(inputs: Sequence[Any], names: Sequence[str], what: str) -> tuple:
@@ -164,12 +64,23 @@ def _host_inputs(inputs: Sequence[Any], names: Sequence[str], what: str) -> tupl
 class SessionCell:
     """The one mutable box of a facade's state handle: a :class:`SessionState` behind a lock.
 
-    Every facade call is one :meth:`run`: read the value, compute, replace
-    it, all under the cell's lock. Calls from several threads on one state
-    (and on the Modules, Optimizers and sessions sharing it) are therefore
-    serialized: each sees the previous one's result, no optimizer step is
-    lost, and no call reads an array a concurrent step has donated. They do
-    not run in parallel; use one state per thread for that.
+    Every facade call is one transaction on it, under the cell's lock:
+    :meth:`read` computes a result from the value, :meth:`update` replaces
+    the value, :meth:`step` does both. Calls from several threads on one
+    state (and on the Modules, Optimizers and sessions sharing it) are
+    therefore serialized: each sees the previous one's result, no optimizer
+    step is lost, and no call reads an array a concurrent step has donated.
+    They do not run in parallel; use one state per thread for that.
+
+    Each transaction takes the same checks: ``owner`` (the session must be
+    that facade object's, :meth:`SessionState.require_owner`, which then
+    follows the process seed), ``owner_message`` (the StateError message
+    when it is not), ``optimizer`` (the optimizer must be this one,
+    :meth:`SessionState.require_optimizer_owner`), and for :meth:`update`
+    and :meth:`step` ``deferring``: the call is a train step or one the
+    state defers (:meth:`SessionState.defer`), so the pending calls are
+    not run first, as they are for every other call. Whatever the function
+    raises leaves the value as it was.
 
     Args:
       value: the initial state.
@@ -215,63 +126,57 @@ class SessionCell:
         if self._closed is not None:
             raise StateError(self._closed)
 
-    def run(self, fn: Callable, *, owner: Any = None, owner_message: Optional[str] = None,
-            optimizer: Any = None, deferring: bool = False):
-        """Runs ``fn(state)`` as one transaction and returns its result.
+    def read(self, fn: Callable, *, owner: Any = None, owner_message: Optional[str] = None,
+             optimizer: Any = None):
+        """``fn(state)``; the value stays (but for running the pending calls)."""
+        with self._lock:
+            return fn(self._current(owner, owner_message, optimizer, False))
 
-        Calls a session defers (an optimizer step, a scheduler step, a lazy
-        reset: see :meth:`SessionState.defer`) are run first, unless
-        ``deferring``: ``fn`` then sees them still pending.
+    def update(self, fn: Callable, *, owner: Any = None, owner_message: Optional[str] = None,
+               optimizer: Any = None, deferring: bool = False) -> None:
+        """Replaces the value by ``fn(state)``, a :class:`SessionState`."""
+        with self._lock:
+            self._value = _session_state(fn(self._current(owner, owner_message, optimizer, deferring)))
 
-        Args:
-          fn: returns a new :class:`SessionState` (which replaces the value;
-            ``run`` returns None), a ``(SessionState, result)`` pair (replaces
-            it and returns ``result``), or anything else (returned; the value
-            stays).
-          owner: when given, the session must be ``owner``'s
-            (:meth:`SessionState.require_owner`) and follows the process seed first.
-          owner_message: the StateError message when it is not.
-          optimizer: when given, the optimizer must be this one
-            (:meth:`SessionState.require_optimizer_owner`).
-          deferring: ``fn`` is a train step or a call that may be deferred.
+    def step(self, fn: Callable, *, owner: Any = None, owner_message: Optional[str] = None,
+             optimizer: Any = None, deferring: bool = False):
+        """Calls ``fn(state)``, which returns ``(new state, result)``; replaces the value, returns ``result``."""
+        with self._lock:
+            new, result = fn(self._current(owner, owner_message, optimizer, deferring))
+            self._value = _session_state(new)
+            return result
 
-        Raises:
-          StateError: the cell is closed; ``owner`` or ``optimizer`` no longer drives the state;
-            and whatever ``fn`` raises (the value then stays as it was).
-        """
-        # Every facade step is three of these: the checks that pass are
+    def _current(self, owner, owner_message, optimizer, deferring: bool) -> "SessionState":
+        """The value a transaction runs on, its checks passed (the caller holds the lock)."""
+        # Every facade step is three transactions: the checks that pass are
         # inlined (each method call between two compiled steps costs a few
         # microseconds; docs/benchmarks.md, "The facades' Python between steps").
-        with self._lock:
-            if self._closed is not None:
-                raise StateError(self._closed)
-            st = self._value
-            if not deferring and st.pending:
-                st = self._value = st.flushed()
-            if owner is not None:
-                if st.owner is not owner:
-                    if owner_message is None:
-                        st.require_owner(owner)
-                    else:
-                        st.require_owner(owner, owner_message)
-                if PROCESS_SEED._generation != st.seed_generation:
-                    st = self._value = st.follow_seed()
-            if optimizer is not None and st.optimizer_owner is not optimizer:
-                st.require_optimizer_owner(optimizer)
-            out = fn(st)
-            cls = type(out)
-            if cls is SessionState:
-                self._value = out
-                return None
-            if cls is tuple and len(out) == 2 and type(out[0]) is SessionState:
-                self._value, result = out
-                return result
-            return out
+        if self._closed is not None:
+            raise StateError(self._closed)
+        st = self._value
+        if not deferring and st.pending != _NO_CALLS:
+            st = self._value = st.flushed()
+        if owner is not None:
+            if st.owner is not owner:
+                if owner_message is None:
+                    st.require_owner(owner)
+                else:
+                    st.require_owner(owner, owner_message)
+            if PROCESS_SEED._generation != st.seed_generation:
+                st = self._value = st.follow_seed()
+        if optimizer is not None and st.optimizer_owner is not optimizer:
+            st.require_optimizer_owner(optimizer)
+        return st
 
 
-@dataclasses.dataclass(frozen=True)
-class SessionState:
-    """A checkpoint state, and the session over it when there is one.
+def _session_state(value) -> "SessionState":
+    if type(value) is not SessionState:
+        raise TypeError(f"a session update must return a SessionState, got {type(value).__name__}")
+    return value
+
+
+class SessionState(NamedTuple):
+    """A checkpoint state, and the session over it when there is one (an immutable value).
 
     Attributes:
       checkpoint: the parameters while no session holds them (and while
@@ -279,14 +184,11 @@ class SessionState:
       properties: the property bag, name -> int, float or str (normalized
         by :func:`jaxort.checkpoint.normalize_property`).
       program: the session's compiled program, or None without a session.
-      layout: the session's parameter layout (ORT's buffer order).
       train: the session's :class:`TrainState`, or after a train step on one
         device the same values packed (:class:`jaxort.training.packing.PackedState`;
         :meth:`values` unpacks); None without a session or while the state
         is nominal.
       device: the JAX device holding ``train`` (on a mesh: its first device).
-      placement: the mesh and strategy ``train`` is sharded with, or None
-        for one device (see :mod:`jaxort.training.sharding`).
       owner: an opaque token of the facade object that owns the session;
         another owner's calls are refused (:meth:`require_owner`).
       seed: the seed of the session's random ops.
@@ -301,15 +203,15 @@ class SessionState:
       optimizer_owner: an opaque token of the facade optimizer that drives
         the session's optimizer; a replaced optimizer's calls are refused
         (:meth:`require_optimizer_owner`).
+      placement: the mesh and strategy ``train`` is sharded with, or None
+        for one device (see :mod:`jaxort.training.sharding`).
       pending: calls made since the last train step and not yet run on
-        ``train``, in the order they run (see :meth:`defer`).
-      pending_learning_rate: the rate a pending "lr" call sets.
+        ``train`` (a :class:`jaxort.training.pending.Pending`; see :meth:`defer`).
     """
 
     checkpoint: ckpt.Checkpoint
-    properties: Mapping = dataclasses.field(default_factory=dict)
+    properties: Mapping = types.MappingProxyType({})
     program: Optional[TrainProgram] = None
-    layout: Optional[ParameterLayout] = None
     train: Optional[TrainState | PackedState] = None
     device: Any = None
     owner: Any = None
@@ -320,8 +222,7 @@ class SessionState:
     schedule: Optional[Callable] = None
     optimizer_owner: Any = None
     placement: Optional[Placement] = None
-    pending: tuple = ()
-    pending_learning_rate: Optional[float] = None
+    pending: Pending = _NO_CALLS
 
     @classmethod
     def from_checkpoint(cls, checkpoint: ckpt.Checkpoint) -> "SessionState":
@@ -341,15 +242,15 @@ class SessionState:
         Raises:
           TypeError: a name that is not a field.
         """
-        # Three replacements run per facade step; dataclasses.replace costs
-        # ~10 us each here (it reads every field), a dict copy ~1 us. No
-        # field has a __post_init__ or an init=False default to honour.
-        if not changes.keys() <= _SESSION_FIELDS:
-            raise TypeError(f"SessionState has no field(s) {sorted(changes.keys() - _SESSION_FIELDS)}")
-        new = object.__new__(SessionState)
-        new.__dict__.update(self.__dict__)
-        new.__dict__.update(changes)
-        return new
+        try:
+            return self._replace(**changes)
+        except ValueError:
+            raise TypeError(f"SessionState has no field(s) {sorted(changes.keys() - set(self._fields))}") from None
+
+    @property
+    def layout(self) -> Optional[ParameterLayout]:
+        """The session's parameter layout (ORT's buffer order), or None without a session."""
+        return None if self.program is None else self.program.layout
 
     # Parameters ---------------------------------------------------------------
 
@@ -374,9 +275,7 @@ class SessionState:
     def check_values(self, action: str) -> None:
         """Raises StateError while nominal; ``action`` says what could not be done."""
         if self.is_nominal:
-            raise StateError(f"Cannot {action} a nominal checkpoint state: its parameters have no values. "
-                             "Please load the parameter states first (copy_buffer_to_parameters with "
-                             "trainable_only=False).")
+            raise _nominal_error(action, "the parameter states")
 
     def requires_grad(self, name: str) -> bool:
         """Whether the parameter is trainable."""
@@ -423,8 +322,7 @@ class SessionState:
         """
         self.check_parameter(name)
         if self.is_nominal:
-            raise StateError("Cannot update a parameter of a nominal checkpoint state. Please load all the "
-                             "parameter states first (copy_buffer_to_parameters with trainable_only=False).")
+            raise _nominal_error("update a parameter of", "all the parameter states")
         dtype, shape = self.parameter_type_and_shape(name)
         array = np.asarray(value)
         if array.dtype != dtype or tuple(array.shape) != shape:
@@ -509,7 +407,7 @@ class SessionState:
         train = None
         if not base.checkpoint.is_nominal:
             train = base._place(program.init_state(base.checkpoint, seed=seed))
-        return base.replace(program=program, layout=layout, train=train, owner=owner,
+        return base.replace(program=program, train=train, owner=owner,
                             seed=seed, seed_generation=generation, has_grads=False, accumulating=False,
                             schedule=None, optimizer_owner=None)
 
@@ -528,7 +426,7 @@ class SessionState:
             checkpoint = self.program.to_checkpoint(self.values(), include_optimizer_state=True)
             if not self.program.has_optimizer:
                 checkpoint = checkpoint.replace(optimizer_groups=self.checkpoint.optimizer_groups)
-        return self.replace(checkpoint=checkpoint, program=None, layout=None, train=None, device=None,
+        return self.replace(checkpoint=checkpoint, program=None, train=None, device=None,
                             placement=None, owner=None, has_grads=False, accumulating=False, schedule=None,
                             optimizer_owner=None)
 
@@ -590,7 +488,7 @@ class SessionState:
             :mod:`jaxort.training.packing`).
         """
         if self.train is None:
-            raise StateError(_NOMINAL_STEP)
+            raise _nominal_error("run a step with")
         if form == "state":
             return unpack(self.train)
         if form == "packed" and self.placement is None and not isinstance(self.train, PackedState):
@@ -614,58 +512,42 @@ class SessionState:
         program, pending = self.program, self.pending
         if len(inputs) != len(program.input_names):
             _host_inputs(inputs, program.input_names, "the training model")  # raises
-        st, outputs = program.train_step_after(
-            st, *inputs, optimizer_step="optimizer" in pending,
-            learning_rate=self.pending_learning_rate if "lr" in pending else None, schedule=self.schedule,
-            schedule_step="schedule" in pending,
-            reset_grad="reset" in pending or not self.accumulating)
-        return (self.replace(train=st, has_grads=True, accumulating=True, pending=(), pending_learning_rate=None),
+        if not self.accumulating and not pending.reset_grad:
+            pending = pending._replace(reset_grad=True)
+        st, outputs = program.train_after(st, pending, *inputs, schedule=self.schedule)
+        return (self.replace(train=st, has_grads=True, accumulating=True, pending=_NO_CALLS),
                 tuple([np.asarray(o) for o in outputs]))
 
-    def defer(self, call: str) -> "SessionState":
-        """Records ``call`` ("optimizer", "lr", "schedule" or "reset") to run before the next train step.
+    def defer(self, call: str, learning_rate: Optional[float] = None) -> "SessionState":
+        """Records ``call`` (a name of :data:`jaxort.training.pending.ORDER`) to run before the next train step.
 
         ORT's loop is a train step, an optimizer step, a scheduler step (or
         a set learning rate) and a lazy reset; deferring the calls after the
         train step to the next one runs the loop as one compiled call per
-        step instead of four. Deferred calls keep their order ("optimizer",
-        then "lr", then "schedule"; a reset commutes with all three); one
-        that would run out of order, or twice,
-        first runs the pending ones. Every other use of the state runs them
-        first (:meth:`flushed`; :class:`SessionCell` does it), so no call
-        can tell a deferred call from one run at once.
+        step instead of four. Deferred calls keep their order (optimizer
+        step, learning rate, schedule; a reset commutes with all three); one
+        that would run out of order, or twice, first runs the pending ones
+        (:meth:`Pending.then`). Every other use of the state runs them first
+        (:meth:`flushed`; :class:`SessionCell` does it), so no call can tell
+        a deferred call from one run at once.
+
+        Args:
+          call: the call.
+          learning_rate: the rate a ``"learning_rate"`` call sets.
         """
-        if not self.pending:
-            if call not in _DEFERRED:
-                raise ValueError(f"cannot defer {call!r}: one of {_DEFERRED}")
-            return self.replace(pending=(call,))
-        if call == "reset":  # commutes with the others: last in _DEFERRED's order
-            return self if "reset" in self.pending else self.replace(pending=self.pending + ("reset",))
-        order = _DEFERRED.index(call)
-        st = self
-        if any(_DEFERRED.index(p) >= order for p in self.pending if p != "reset"):
-            st = self.flushed()
-        if call in st.pending:
-            return st
-        return st.replace(pending=tuple(sorted(st.pending + (call,), key=_DEFERRED.index)))
+        pending = self.pending.then(call, learning_rate)
+        if pending is None:
+            return self.flushed().defer(call, learning_rate)
+        return self.replace(pending=pending)
 
     def flushed(self) -> "SessionState":
         """This state with its pending calls run on ``train``, one by one."""
-        if not self.pending:
+        if self.pending == _NO_CALLS:
             return self
-        st = self.values()
-        accumulating = self.accumulating
-        for call in self.pending:
-            if call == "optimizer":
-                st = self.program.optimizer_step(st)
-            elif call == "lr":
-                st = set_learning_rate(st, self.pending_learning_rate)
-            elif call == "schedule":
-                st = apply_schedule(st, self.schedule)
-            else:
-                st = self.program.lazy_reset_grad(st)
-                accumulating = False
-        return self.replace(train=st, accumulating=accumulating, pending=(), pending_learning_rate=None)
+        st = run_pending(self.values(), self.pending, optimizer_step=self.program.optimizer_step,
+                         lazy_reset_grad=self.program.lazy_reset_grad, schedule=self.schedule)
+        return self.replace(train=st, accumulating=self.accumulating and not self.pending.reset_grad,
+                            pending=_NO_CALLS)
 
     def eval_step(self, inputs: Sequence[Any]) -> tuple:
         """The eval model's outputs (numpy) on the current parameters."""
@@ -680,7 +562,7 @@ class SessionState:
         """The next train step overwrites the gradients instead of adding to them (deferred to it)."""
         if self.train is None:
             self._live("as is")
-        return self.defer("reset")
+        return self.defer("reset_grad")
 
     def optimizer_step(self) -> "SessionState":
         """Applies the optimizer to the accumulated gradients (kept as they are), deferred to the next use.
@@ -697,7 +579,7 @@ class SessionState:
         if not self.has_grads:
             raise StateError("optimizer step before any train step: there are no gradients to apply yet; "
                              "call train_step first")
-        return self.defer("optimizer")
+        return self.defer("optimizer_step")
 
     # Learning rate ------------------------------------------------------------
 
@@ -713,10 +595,7 @@ class SessionState:
           InputError: not a finite number.
         """
         self._check_optimizer("set the learning rate", "as is")
-        value = _finite_float(learning_rate, "learning rate")
-        if "lr" in self.pending and "schedule" not in self.pending:
-            return self.replace(pending_learning_rate=value)  # the later of two sets wins
-        return self.defer("lr").replace(pending_learning_rate=value)
+        return self.defer("learning_rate", _finite_float(learning_rate, "learning rate"))
 
     def learning_rate(self) -> float:
         """The current learning rate (a float32 value)."""
@@ -743,7 +622,7 @@ class SessionState:
             raise StateError("No learning rate scheduler was registered; call register_linear_lr_scheduler "
                              "first")
         self._live("as is")
-        return self.defer("schedule")
+        return self.defer("schedule_step")
 
     # Buffers and export -------------------------------------------------------
 
@@ -758,8 +637,7 @@ class SessionState:
           StateError: the state is nominal.
         """
         if self.train is None:
-            raise StateError("Cannot copy parameters from a nominal checkpoint state. Please load the model "
-                             "parameters first.")
+            raise _nominal_error("copy parameters from")
         names = self.layout.buffer_names(bool(trainable_only))
         st = self.values()
         values = gather({n: st.parameters[n] for n in names})
@@ -798,7 +676,6 @@ class SessionState:
         return export_model_for_inferencing(self.program.eval_model, params, list(output_names))
 
 
-_SESSION_FIELDS = frozenset(f.name for f in dataclasses.fields(SessionState))
 
 
 def _finite_float(value: Any, what: str) -> float:

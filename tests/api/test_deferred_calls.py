@@ -22,6 +22,7 @@ from jaxort import errors
 from jaxort import session as js
 from jaxort.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 from jaxort.training import TrainProgram, apply_schedule, linear_lr_schedule, set_learning_rate
+from jaxort.training.pending import Pending
 
 CASE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "mlp_adamw"
 
@@ -320,8 +321,8 @@ def test_session_state_replace_copies_and_refuses_unknown_fields():
     state, module, _ = _api()
     module(*_batch(0))
     before = state.session_state
-    after = before.replace(pending=("reset",))
-    assert after.pending == ("reset",) and before.pending == ()
+    after = before.replace(pending=Pending(reset_grad=True))
+    assert after.pending == Pending(reset_grad=True) and before.pending == Pending()
     assert after.train is before.train and after.program is before.program
     with pytest.raises(TypeError, match="no field"):
         before.replace(pendng=())
