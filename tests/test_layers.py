@@ -59,6 +59,7 @@ LAYER_OF_PATH = {
     "onnxblock/": "training",  # ORT's onnxblock API over jaxort.training.artifacts
     "testing/": "testing",
     "session.py": "facades",
+    "_checkpoint_handle.py": "facades",
     "api/": "facades",
     "cli.py": "facades",
     "__main__.py": "facades",

@@ -474,6 +474,13 @@ class SessionState(NamedTuple):
             train = self._place(_reseed(train, seed))
         return self.replace(seed=seed, train=train)
 
+    def delete_buffers(self) -> None:
+        """Deletes the device buffers of ``train`` (packed and unpacked): for a state that is dropped."""
+        held = [] if self.train is None else [self.train, self.values()]
+        for leaf in jax.tree_util.tree_leaves(held):
+            if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+                leaf.delete()
+
     def values(self) -> Optional[TrainState]:
         """``train`` as a :class:`TrainState` (unpacked with one compiled call when packed), or None."""
         return None if self.train is None else unpack(self.train)
