@@ -216,7 +216,7 @@ class InputChecker:
 _UNSIGNED = {np.dtype(f"int{8 * n}"): np.dtype(f"uint{8 * n}") for n in (1, 2, 4, 8)}
 
 
-# How many input signatures an _InputChecker remembers as checked.
+# How many input signatures an InputChecker remembers as checked.
 _PASSED_SIGNATURES = 64
 
 # Up to this many labels, _all_below compares them in Python.
