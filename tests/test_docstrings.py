@@ -16,6 +16,9 @@ PUBLIC_MODULES = [
     "jaxort.training.artifacts.gradient", "jaxort.checkpoint", "jaxort.graph", "jaxort.testing",
     "jaxort.backend", "jaxort.errors", "jaxort.distributed", "jaxort.dtypes",
     "jaxort.onnxblock", "jaxort.onnxblock.blocks", "jaxort.onnxblock.loss", "jaxort.onnxblock.optim",
+    "jaxort.training.artifacts.blocks", "jaxort.training.compiled", "jaxort.training.steps",
+    "jaxort.training.pending", "jaxort.training.inputs", "jaxort.training.packing",
+    "jaxort.training.session_state", "jaxort.training.process", "jaxort.training.optimizer_states",
 ]
 
 

@@ -70,7 +70,7 @@ def test_listed_op_has_a_handler(domain, op, since):
 
 
 # Gradient ops jaxort implements all the same: the gradient graphs it writes for ORT hold
-# them (jaxort/training/artifacts/gradient.py), and so its tests and users can run those.
+# them (jaxort/training/artifacts/gradient/), and so its tests and users can run those.
 GRADIENT_OPS_JAXORT_RUNS = {"LSTMGrad", "GRUGrad", "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "LeakyReluGrad",
                             "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale", "TanhGrad",
                             "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad"}
