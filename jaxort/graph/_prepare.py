@@ -20,9 +20,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+# _registry.lookup is read at each call, so that a test may plant a handler by patching it.
+import jaxort.graph._registry as _registry
 from jaxort.errors import ModelError, OpError, UnsupportedOpError
-from jaxort.graph._registry import OpHandler, lookup, normalize_domain
 from jaxort.graph._model import tensor_to_numpy
+from jaxort.graph._registry import OpHandler, normalize_domain
 
 
 def _tensor_to_numpy(t: onnx.TensorProto) -> np.ndarray:
@@ -157,7 +159,7 @@ class _Preparer:
         opset = opsets[domain]
         node = _Node(index, proto, op_type, domain, opset, proto.input, proto.output,
                      f"{domain or 'ai.onnx'}::{op_type} (opset {opset}), node {proto.name!r}",
-                     handler=lookup(domain, op_type, opset))
+                     handler=_registry.lookup(domain, op_type, opset))
         schema = _get_schema(op_type, opset, domain)
         given = {a.name: a for a in proto.attribute}
         if node.handler is None:

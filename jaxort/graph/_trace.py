@@ -545,7 +545,7 @@ class JaxGraph:
     def apply_with_updates(self, params: Mapping, *inputs, rng=None, training: bool = False):
         """Like :meth:`apply`, and also returns state updates made by training-mode ops.
 
-        ``rng`` may also be a :class:`~jaxort.graph._values.NodeKey`, whose
+        ``rng`` may also be a :class:`~jaxort.graph.NodeKey`, whose
         ``uses`` then tells the caller whether any node drew a key.
 
         Returns:
