@@ -75,20 +75,11 @@ ALLOWED_CYCLE_EDGES: frozenset = frozenset()
 
 # Imports of another package's private module or name: (importer, the
 # imported path up to its first underscore-named part), each with why it is
-# here; an entry goes when its import does (issue 40), and the set must end
-# empty.
+# here; an entry goes when its import does. Only generated code is left.
 ALLOWED_PRIVATE_IMPORTS: frozenset = frozenset({
     # The flatbuffers code `make fbs` generates, used by the checkpoint writer
     # alone; goes when it moves under checkpoint/ or gets a public name.
     ("jaxort.checkpoint._write", "jaxort._fbs"),
-    # The numeric helpers ops and patterns share (ops/_common.py: its
-    # underscore keeps it out of op discovery) and the gradient graph's conv
-    # padding rule; go when those helpers get a module both may import.
-    ("jaxort.graph.patterns.attention", "jaxort.graph.ops._common"),
-    ("jaxort.graph.patterns.gelu", "jaxort.graph.ops._common"),
-    ("jaxort.graph.patterns.layer_norm", "jaxort.graph.ops._common"),
-    ("jaxort.graph.patterns.softmax", "jaxort.graph.ops._common"),
-    ("jaxort.training.artifacts.gradient.matmul", "jaxort.graph.ops._common"),
 })
 
 

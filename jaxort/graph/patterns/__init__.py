@@ -5,7 +5,7 @@ module here is imported on first use, as in ``jaxort/graph/ops``. ``JaxGraph``
 runs the matching pass (:func:`plan`) once per
 preparation, after slicing and before handler lookup, unless it is built with
 ``fuse=False``. Modules here may import the op helpers of
-``jaxort.graph.ops._common``, never the tracer.
+``jaxort.graph.numerics``, never the tracer.
 """
 
 import importlib

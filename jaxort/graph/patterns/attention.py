@@ -20,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxort.graph.ops._common import at_least_float32, has_tangent, sum_tangents
+from jaxort.graph.numerics import at_least_float32, has_tangent, sum_tangents
 from jaxort.graph.patterns._common import as_dtype
 from jaxort.graph.patterns._match import Match, is_op, register_pattern
 

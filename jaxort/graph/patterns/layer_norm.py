@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxort.graph.ops._common import at_least_float32, fence, has_tangent, on_cpu_else, sum_tangents
+from jaxort.graph.numerics import at_least_float32, fence, has_tangent, on_cpu_else, sum_tangents
 from jaxort.graph.patterns._common import as_dtype, positive_axes
 from jaxort.graph.patterns._match import Match, is_op, register_pattern
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxort.graph.ops._common import at_least_float32
+from jaxort.graph.numerics import at_least_float32
 from jaxort.graph.patterns._common import as_dtype, positive_axes
 from jaxort.graph.patterns._match import Match, is_op, register_pattern
 

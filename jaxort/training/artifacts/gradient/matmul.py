@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from jaxort.graph.ops._common import auto_pads
+from jaxort.graph.numerics import auto_pads
 from jaxort.training.artifacts.gradient._common import (
     _MS_DOMAIN,
     _attrs,
