@@ -51,6 +51,7 @@ from jaxort.training.artifacts.read import (
 )
 from jaxort.training.layout import ParameterLayout
 from jaxort.training.packing import PackedState, Packing, pack, unpack
+from jaxort.training.pending import Pending
 from jaxort.training.precision import Policy, bfloat16_policy, cast_model
 from jaxort.training.program import TrainProgram
 from jaxort.training.schedules import linear_lr_schedule
@@ -74,6 +75,7 @@ __all__ = [
     "OrtOptimizer",
     "PROCESS_SEED",
     "PackedState",
+    "Pending",
     "Packing",
     "PROGRAMS",
     "ParameterLayout",

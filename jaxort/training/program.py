@@ -495,10 +495,6 @@ class TrainProgram:
           InputError: see :meth:`check_inputs`.
           TrainingError: ``optimizer_step``, ``learning_rate`` or ``schedule_step`` without an optimizer.
         """
-        if (optimizer_step or schedule_step or learning_rate is not None) and self.optimizer is None:
-            raise TrainingError("this program has no optimizer model")
-        if schedule_step and schedule is None:
-            raise TrainingError("schedule_step needs a schedule")
         return self.train_after(state, Pending(bool(optimizer_step), learning_rate is not None,
                                                0.0 if learning_rate is None else learning_rate,
                                                bool(schedule_step), bool(reset_grad)), *inputs, schedule=schedule)
@@ -509,7 +505,14 @@ class TrainProgram:
 
         Raises:
           InputError: see :meth:`check_inputs`.
+          TrainingError: an optimizer step, learning rate or schedule step
+            without an optimizer; a schedule step without a schedule.
         """
+        if (pending.optimizer_step or pending.set_learning_rate or pending.schedule_step) and \
+                self.optimizer is None:
+            raise TrainingError("this program has no optimizer model")
+        if pending.schedule_step and schedule is None:
+            raise TrainingError("schedule_step needs a schedule")
         inputs = self._train_inputs.check(inputs)
         if type(state) is not PackedState and placement_of(state) is not None:
             # On a mesh the calls run one by one, each with the state's shardings.

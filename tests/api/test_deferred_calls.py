@@ -326,3 +326,46 @@ def test_session_state_replace_copies_and_refuses_unknown_fields():
     assert after.train is before.train and after.program is before.program
     with pytest.raises(TypeError, match="no field"):
         before.replace(pendng=())
+
+
+def test_pending_calls_join_in_order_or_ask_for_a_flush():
+    none = Pending()
+    step = none.then("optimizer_step")
+    assert step == Pending(optimizer_step=True)
+    assert step.then("optimizer_step") is None  # a second step runs the first
+    rate = step.then("learning_rate", 0.5)
+    assert rate == Pending(optimizer_step=True, set_learning_rate=True, learning_rate=0.5)
+    assert rate.then("learning_rate", 0.25).learning_rate == 0.25  # the later set wins
+    assert rate.then("optimizer_step") is None  # it would run before the rate
+    scheduled = rate.then("schedule_step")
+    assert scheduled.then("learning_rate", 0.1) is None and scheduled.then("schedule_step") is None
+    assert scheduled.then("reset_grad").reset_grad and none.then("reset_grad").then("optimizer_step") == \
+        Pending(optimizer_step=True, reset_grad=True)  # a reset commutes with the others
+    with pytest.raises(ValueError, match="cannot defer"):
+        none.then("eval_step")
+
+
+def test_train_after_gives_the_numbers_of_the_calls_run_one_by_one():
+    program, st = _core()
+    _, fused = _core()
+    schedule = linear_lr_schedule(0.05, 1, 4)
+    st, _ = program.train_step(st, *_batch(0))
+    fused, _ = program.train_step(fused, *_batch(0))
+    st = program.lazy_reset_grad(apply_schedule(set_learning_rate(program.optimizer_step(st), 0.3), schedule))
+    st, (want,) = program.train_step(st, *_batch(1))
+    fused, (loss,) = program.train_after(
+        fused, Pending(optimizer_step=True, set_learning_rate=True, learning_rate=0.3, schedule_step=True,
+                       reset_grad=True), *_batch(1), schedule=schedule)
+    np.testing.assert_allclose(np.asarray(loss), np.asarray(want), rtol=1e-6)
+    _assert_params_equal(_core_params(fused), _core_params(st))
+    np.testing.assert_allclose(float(fused.learning_rate), float(schedule(1)), rtol=1e-6)
+
+
+def test_train_after_refuses_calls_the_program_cannot_run():
+    start = ckpt.load(CASE / "checkpoint")
+    bare = TrainProgram.from_artifacts(CASE / "training_model.onnx", checkpoint=start)
+    with pytest.raises(errors.TrainingError, match="no optimizer model"):
+        bare.train_after(bare.init_state(start), Pending(optimizer_step=True), *_batch(0))
+    program, st = _core()
+    with pytest.raises(errors.TrainingError, match="needs a schedule"):
+        program.train_after(st, Pending(schedule_step=True), *_batch(0))
