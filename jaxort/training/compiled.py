@@ -107,8 +107,10 @@ class CompiledSteps:
 
     def run_after(self, state, pending: Pending, inputs: tuple, schedule=None):
         """The deferred calls ``pending`` and a train step, as one compiled call (one device)."""
-        fn = self.get(StepKey(StepKind.TRAIN_AFTER, state.packing if type(state) is PackedState else None,
-                              schedule=schedule, reset_grad=bool(pending.reset_grad)))
+        # Built as a plain tuple: StepKey's own constructor costs a microsecond on this hot path.
+        key = tuple.__new__(StepKey, (StepKind.TRAIN_AFTER, state.packing if type(state) is PackedState else None,
+                                      1, None, schedule, bool(pending.reset_grad)))
+        fn = self.get(key)
         return fn(state, *self._flag_arrays(pending), *inputs)
 
     def _flag_arrays(self, pending: Pending) -> tuple:

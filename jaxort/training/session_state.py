@@ -136,14 +136,19 @@ class SessionCell:
                optimizer: Any = None, deferring: bool = False) -> None:
         """Replaces the value by ``fn(state)``, a :class:`SessionState`."""
         with self._lock:
-            self._value = _session_state(fn(self._current(owner, owner_message, optimizer, deferring)))
+            new = fn(self._current(owner, owner_message, optimizer, deferring))
+            if type(new) is not SessionState:
+                _not_a_state(new)
+            self._value = new
 
     def step(self, fn: Callable, *, owner: Any = None, owner_message: Optional[str] = None,
              optimizer: Any = None, deferring: bool = False):
         """Calls ``fn(state)``, which returns ``(new state, result)``; replaces the value, returns ``result``."""
         with self._lock:
             new, result = fn(self._current(owner, owner_message, optimizer, deferring))
-            self._value = _session_state(new)
+            if type(new) is not SessionState:
+                _not_a_state(new)
+            self._value = new
             return result
 
     def _current(self, owner, owner_message, optimizer, deferring: bool) -> "SessionState":
@@ -169,10 +174,8 @@ class SessionCell:
         return st
 
 
-def _session_state(value) -> "SessionState":
-    if type(value) is not SessionState:
-        raise TypeError(f"a session update must return a SessionState, got {type(value).__name__}")
-    return value
+def _not_a_state(value) -> None:
+    raise TypeError(f"a session update must return a SessionState, got {type(value).__name__}")
 
 
 class SessionState(NamedTuple):
@@ -242,10 +245,15 @@ class SessionState(NamedTuple):
         Raises:
           TypeError: a name that is not a field.
         """
+        # Three replacements run per facade step: a NamedTuple's _replace
+        # visits every field, this only the changed ones.
+        values = list(self)
         try:
-            return self._replace(**changes)
-        except ValueError:
-            raise TypeError(f"SessionState has no field(s) {sorted(changes.keys() - set(self._fields))}") from None
+            for name, value in changes.items():
+                values[_FIELD_INDEX[name]] = value
+        except KeyError:
+            raise TypeError(f"SessionState has no field(s) {sorted(changes.keys() - _FIELD_INDEX.keys())}") from None
+        return tuple.__new__(SessionState, values)
 
     @property
     def layout(self) -> Optional[ParameterLayout]:
@@ -520,7 +528,7 @@ class SessionState(NamedTuple):
         if len(inputs) != len(program.input_names):
             _host_inputs(inputs, program.input_names, "the training model")  # raises
         if not self.accumulating and not pending.reset_grad:
-            pending = pending._replace(reset_grad=True)
+            pending = pending.then("reset_grad")
         st, outputs = program.train_after(st, pending, *inputs, schedule=self.schedule)
         return (self.replace(train=st, has_grads=True, accumulating=True, pending=_NO_CALLS),
                 tuple([np.asarray(o) for o in outputs]))
@@ -699,3 +707,6 @@ def _count(value: Any, what: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise InputError(f"{what} must be an integer, got {value!r}")
     return int(value)
+
+
+_FIELD_INDEX = {name: index for index, name in enumerate(SessionState._fields)}
