@@ -5,7 +5,9 @@ Public API: :class:`JaxGraph` (trace a model), :func:`load_model`,
 :func:`backward_slice` / :func:`outer_reads` for graph surgery on protos, the
 proto helpers :func:`normalize_domain`, :func:`default_opset`,
 :func:`numpy_dtype`, :func:`tensor_from_numpy` and :func:`tensor_to_numpy`,
-and :func:`check_input`, the check of a value fed for a declared input.
+:func:`check_input`, the check of a value fed for a declared input, and
+:func:`check_graph_structure`, the check every pass over a node list runs
+first (cycles, values made twice, dangling reads, order).
 This layer knows nothing of training or sessions.
 """
 
@@ -19,6 +21,7 @@ from jaxort.graph._model import (
     tensor_to_numpy,
 )
 from jaxort.graph._registry import OpHandler, lookup, normalize_domain, register, registered
+from jaxort.graph._structure import check_graph_structure
 from jaxort.graph._trace import (
     JaxGraph,
     Subgraph,
@@ -37,6 +40,7 @@ __all__ = [
     "Subgraph",
     "TensorInfo",
     "backward_slice",
+    "check_graph_structure",
     "check_input",
     "default_opset",
     "is_static",

@@ -48,6 +48,7 @@ from jaxort.graph._prepare import (
     outer_reads,
 )
 from jaxort.graph._registry import normalize_domain
+from jaxort.graph._structure import check_graph_structure
 from jaxort.graph._values import NodeKey, OpContext, is_static
 
 __all__ = ["JaxGraph", "TensorInfo", "Subgraph", "backward_slice", "outer_reads",
@@ -388,6 +389,13 @@ class JaxGraph:
       outputs: ``TensorInfo`` of each output.
       fusions: one ``(pattern name, node names)`` pair per fused group.
 
+    Raises:
+      ModelError: an invalid model: :func:`jaxort.graph.check_graph_structure`
+        names a cycle, a value made twice, a dangling read or nodes out of
+        order (before ``onnx.checker`` runs); otherwise the checker's message.
+      InputError: names in ``params``, ``param_inputs``, ``inputs`` or
+        ``outputs`` the graph does not have.
+
     Example:
       >>> g = JaxGraph("model.onnx")                      # doctest: +SKIP
       >>> (y,) = jax.jit(g.apply)(g.params, x)            # doctest: +SKIP
@@ -406,7 +414,12 @@ class JaxGraph:
         fuse: bool = True,
     ):
         settle_allocator()  # before any step of this graph is compiled and run: see _host_memory
-        self.model = load_model(model, check=check)
+        self.model = load_model(model, check=False)
+        # Before onnx.checker, whose message names one node of a cycle, and
+        # before the passes below, which assume a sorted, acyclic node list.
+        check_graph_structure(self.model.graph)
+        if check:
+            load_model(self.model, check=True)
         graph = self.model.graph
         self.opsets = {}
         for imp in self.model.opset_import:

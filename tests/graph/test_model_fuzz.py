@@ -1,9 +1,13 @@
 """Fuzzing of model protos: mutated, truncated and oddly attributed models give jaxort errors only.
 
 Serialized models (a forward MLP and ONNX Runtime's training model) with
-flipped bytes or cut short, and nodes with random attribute values, are fed
-to JaxGraph and TrainProgram.from_artifacts. Whatever happens, the only
-exceptions allowed are :class:`jaxort.errors.JaxortError` subclasses.
+flipped bytes or cut short, models whose nodes are rewired (an input reading
+another value, a downstream one or the node's own output included; an output
+renamed to a value that exists), and nodes with random attribute values, are
+fed to JaxGraph and TrainProgram.from_artifacts. Whatever happens, the only
+exceptions allowed are :class:`jaxort.errors.JaxortError` subclasses, and a
+rewired model gets its answer within seconds (a cycle once hung the fusion
+planner).
 Examples are bounded for ``make test`` (25 each); JAXORT_FUZZ_EXAMPLES raises the count.
 """
 
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import threading
 
 import numpy as np
 import onnx
@@ -58,6 +63,47 @@ def test_mutated_forward_model_gives_only_jaxort_errors(data):
         _run_forward(graph)
     except JaxortError:
         pass
+
+
+def _rewire(data: bytes, draw) -> onnx.ModelProto:
+    model = onnx.load_model_from_string(data)
+    nodes = model.graph.node
+    values = [o for n in nodes for o in n.output if o] + ["nowhere"]
+    for _ in range(draw(st.integers(1, 3))):
+        node = nodes[draw(st.integers(0, len(nodes) - 1))]
+        names = node.input if draw(st.booleans()) and len(node.input) else node.output
+        names[draw(st.integers(0, len(names) - 1))] = draw(st.sampled_from(values))
+    return model
+
+
+def _answers_within(call, limit: float = 30.0) -> None:
+    """Runs ``call``, allowing JaxortErrors only, and fails if it runs past ``limit`` seconds."""
+    box = {}
+
+    def run():
+        try:
+            call()
+        except JaxortError:
+            pass
+        except BaseException as e:  # noqa: BLE001  handed to the test
+            box["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert not thread.is_alive(), f"no answer within {limit} s"
+    if "error" in box:
+        raise box["error"]
+
+
+@FUZZ
+@given(st.data())
+def test_rewired_models_give_only_jaxort_errors_and_never_hang(data):
+    forward = _rewire(FORWARD, data.draw)
+    check = data.draw(st.booleans())
+    _answers_within(lambda: _run_forward(JaxGraph(forward, check=check)))
+    training = _rewire(TRAINING, data.draw)
+    _answers_within(lambda: TrainProgram.from_artifacts(training, checkpoint=CHECKPOINT))
 
 
 @FUZZ

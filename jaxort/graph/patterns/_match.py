@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from jaxort.errors import ModelError
 from jaxort.graph import normalize_domain, tensor_to_numpy
 
 __all__ = ["Match", "Pattern", "Group", "GraphView", "register_pattern", "registered_patterns",
@@ -367,6 +368,12 @@ def _order(view: GraphView, groups: list) -> list:
                 out.append(items[k])
             else:
                 rest.append(k)
+        if len(rest) == len(pending):
+            # check_graph_structure refuses cyclic graphs before planning; this
+            # keeps a caller that skipped it from looping forever.
+            names = [n.name for _, item in (items[k] for k in rest)
+                     for n in (item.match.nodes if isinstance(item, Group) else (item,))]
+            raise ModelError(f"the fusion plan cannot order nodes {names[:8]}: the graph has a cycle")
         pending = rest
     return out
 

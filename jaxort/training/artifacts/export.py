@@ -21,7 +21,14 @@ from onnx import helper
 
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, TrainingError
-from jaxort.graph import backward_slice, load_model, normalize_domain, outer_reads, tensor_from_numpy
+from jaxort.graph import (
+    backward_slice,
+    check_graph_structure,
+    load_model,
+    normalize_domain,
+    outer_reads,
+    tensor_from_numpy,
+)
 
 __all__ = ["export_model_for_inferencing", "trim_inference_batchnorm_outputs"]
 
@@ -97,6 +104,8 @@ def export_model_for_inferencing(
       The inference ``ModelProto``.
 
     Raises:
+      ModelError: the eval graph has a cycle, a value made twice, a dangling
+        read or nodes out of order (:func:`jaxort.graph.check_graph_structure`).
       TrainingError: an unknown output name, or an invalid result.
       InputError: a parameter with the wrong dtype or shape.
 
@@ -108,7 +117,9 @@ def export_model_for_inferencing(
     output_names = list(output_names)
     if not output_names:
         raise TrainingError("export_model_for_inferencing needs at least one output name")
-    model = copy.deepcopy(load_model(eval_model, check=False))
+    model = load_model(eval_model, check=False)
+    check_graph_structure(model.graph)
+    model = copy.deepcopy(model)
     graph = model.graph
     inputs = {i.name: i for i in graph.input}
     produced = {o for n in graph.node for o in n.output if o}

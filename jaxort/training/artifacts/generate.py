@@ -49,7 +49,7 @@ from onnx import TensorProto
 
 from jaxort import checkpoint as _ckpt
 from jaxort.errors import TrainingError
-from jaxort.graph import default_opset, load_model
+from jaxort.graph import check_graph_structure, default_opset, load_model
 from jaxort.training.artifacts.assemble import FLOAT_TYPES, check_generated, split_params, training_and_eval
 from jaxort.training.artifacts.blocks import Block, ForwardBlock, TrainingBlock, empty_base, output_names
 from jaxort.training.artifacts.blocks import base as base_context
@@ -177,7 +177,10 @@ def _loss_outputs(base: onnx.ModelProto, loss, scores: list) -> list:
 def _build(model, requires_grad, frozen_params, loss, additional_output_names, loss_input_names,
            name_offset=0, gradient_graph=None):
     _refuse_onnxblock(loss, "the loss")
-    base = load_model(model, check=True)
+    base = load_model(model, check=False)
+    # Before onnx.checker, whose message names one node of a cycle.
+    check_graph_structure(base.graph)
+    load_model(base, check=True)
     trainable, frozen = split_params(base, requires_grad, frozen_params)
     scores = list(loss_input_names or [o.name for o in base.graph.output])
     extra = list(additional_output_names or [])
@@ -226,6 +229,7 @@ def build_training_model(model, requires_grad=None, frozen_params=None, loss=Non
 
     Raises:
       TrainingError: an unknown parameter or output, or a bad loss.
+      ModelError: an invalid model (as for :func:`generate_artifacts`).
     """
     built, _ = _build(model, requires_grad, frozen_params, loss, additional_output_names,
                       loss_input_names, name_offset, gradient_graph)
@@ -375,6 +379,9 @@ def generate_artifacts(
         optimizer (ORT's own onnxblock blocks included: use jaxort.onnxblock's),
         an invalid resulting model, or an unsupported option. Nothing is
         written then.
+      ModelError: an invalid model: :func:`jaxort.graph.check_graph_structure`
+        names a cycle, a value made twice, a dangling read or nodes out of
+        order; otherwise ``onnx.checker``'s message.
 
     Example:
       >>> generate_artifacts("model.onnx", loss=LossType.CrossEntropyLoss,

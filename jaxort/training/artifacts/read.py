@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Sequence
 import onnx
 
 from jaxort.errors import TrainingError
-from jaxort.graph import backward_slice
+from jaxort.graph import backward_slice, check_graph_structure
 
 __all__ = [
     "GRAD_BUFFER_SUFFIX",
@@ -215,9 +215,12 @@ def slice_model(model: onnx.ModelProto, outputs: Sequence[str],
       are dropped; opset imports and functions are kept).
 
     Raises:
+      ModelError: the graph has a cycle, a value made twice, a dangling read
+        or nodes out of order (:func:`jaxort.graph.check_graph_structure`).
       TrainingError: an output is not produced by the graph.
     """
     graph = model.graph
+    check_graph_structure(graph)
     produced = {o for node in graph.node for o in node.output if o}
     available = produced | {i.name for i in graph.input} | {t.name for t in graph.initializer}
     missing = [o for o in outputs if o not in available]

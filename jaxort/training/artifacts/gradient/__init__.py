@@ -45,7 +45,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
-from jaxort.graph import default_opset, normalize_domain
+from jaxort.graph import check_graph_structure, default_opset, normalize_domain
 from jaxort.training.artifacts.gradient import activation, arithmetic, layout, matmul, norm, reduce, rnn
 from jaxort.training.artifacts.gradient import loss as _loss
 from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _error, _filled
@@ -159,7 +159,10 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
       TrainingError: a node on the path from a trainable parameter to the
         loss has no rule (or a form its rule does not cover), naming the node
         and op; or the model's opset is below 13. The model is then unchanged.
+      ModelError: the graph has a cycle, a value made twice, a dangling read
+        or nodes out of order (:func:`jaxort.graph.check_graph_structure`).
     """
+    check_graph_structure(model.graph)
     opset = default_opset(model)
     if opset < MIN_OPSET:
         raise TrainingError(f"cannot write the gradient graph ONNX Runtime needs: the model has opset "
