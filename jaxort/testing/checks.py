@@ -12,9 +12,11 @@
 
 A failing check saves the model (and its inputs) so it can be opened in
 Netron or ``onnx.printer``: to ``$JAXORT_FAILURE_DIR`` if set, else to a
-temporary directory, and names the file in the message. Under hypothesis the
-files are written only for the final, shrunk example, so the saved model is
-the minimal one.
+temporary directory, and names the file in the message (a check that raises
+instead of asserting gets the file in a note). Every failing example is
+saved, under hypothesis while it shrinks too: a file is named by a hash of
+the model and inputs, so a replayed example rewrites its own, and the
+message of the final, shrunk example names the minimal model.
 
 Imports numpy and onnx; JAX, jaxort's graph and training layers and
 onnxruntime load when a check runs. No hypothesis.
@@ -66,23 +68,19 @@ def failure_dir() -> pathlib.Path:
     return path
 
 
-def _shrinking() -> bool:
-    """True while hypothesis runs an example that is not the final (reported) one."""
-    try:
-        from hypothesis.control import _current_build_context
-    except ImportError:
-        return False
-    context = _current_build_context.value
-    return context is not None and not context.is_final
+def save_failure(model: onnx.ModelProto, feeds: Mapping) -> pathlib.Path:
+    """Saves a model and its inputs as ``failure-<hash>.onnx`` and ``.npz``; returns the model's path.
 
+    It writes on every call, hypothesis shrinking or not; the hash covers the
+    model and the inputs, so saving one example twice rewrites the same files.
 
-def save_failure(model: onnx.ModelProto, feeds: Mapping) -> Optional[pathlib.Path]:
-    """Saves a model and its inputs as ``<hash>.onnx`` and ``<hash>.npz``; returns the model's path.
+    Args:
+      model: the model.
+      feeds: graph input name -> array.
 
-    Returns None (and writes nothing) for an intermediate hypothesis example.
+    Returns:
+      The path of the ``.onnx`` file, in :func:`failure_dir`.
     """
-    if _shrinking():
-        return None
     data = model.SerializeToString()
     digest = hashlib.sha256(data + repr(sorted((k, np.asarray(v).tobytes())
                                                for k, v in feeds.items())).encode()).hexdigest()[:12]
@@ -107,12 +105,19 @@ def _saving_on_failure(model: onnx.ModelProto, feeds: Mapping, what: str):
     try:
         yield
     except AssertionError as err:
-        path = save_failure(model, feeds)
         ops = [n.op_type for n in model.graph.node]
-        where = (f"\nmodel saved to {path} (inputs in {path.with_suffix('.npz').name}; "
-                 f"load both with jaxort.testing.load_failure)" if path else "")
         raise AssertionError(f"{what} failed for a model of {len(ops)} nodes {ops}: "
-                             f"{err}{where}") from None
+                             f"{err}\n{_saved(model, feeds)}") from None
+    except Exception as err:
+        err.add_note(_saved(model, feeds))
+        raise
+
+
+def _saved(model: onnx.ModelProto, feeds: Mapping) -> str:
+    """Saves a failing example; the line of the message that names the files."""
+    path = save_failure(model, feeds)
+    return (f"model saved to {path} (inputs in {path.with_suffix('.npz').name}; "
+            "load both with jaxort.testing.load_failure)")
 
 
 # --------------------------------------------------------------------------- values
@@ -184,7 +189,8 @@ def assert_matches_reference(
     Raises:
       AssertionError: an output differs in count, dtype, shape or values; the
         message names the output, the max absolute and relative error and the
-        worst index, and the file the model was saved to.
+        worst index, and the file the model was saved to. An error raised by
+        either run is saved too and keeps its type, the file named in a note.
 
     Example:
       >>> from jaxort.testing import node_model
