@@ -11,12 +11,12 @@ import numpy as np
 
 from jaxort import checkpoint as _ckpt
 from jaxort import training as _training
-from jaxort.training.session_state import SessionCell
+from jaxort.training.session_state import SessionCell, SessionHandle
 
 __all__ = ["CheckpointHandle"]
 
 
-class CheckpointHandle:
+class CheckpointHandle(SessionHandle):
     """A checkpoint state handle (ORT's ``OrtCheckpointState``), mutable.
 
     It holds one :class:`jaxort.training.SessionState` in
@@ -42,15 +42,6 @@ class CheckpointHandle:
         if not isinstance(data, _training.SessionState):
             data = _training.SessionState.from_checkpoint(data)
         self.cell = SessionCell(data)
-
-    @property
-    def session_state(self) -> _training.SessionState:
-        """The current :class:`jaxort.training.SessionState`."""
-        return self.cell.value
-
-    @session_state.setter
-    def session_state(self, value: _training.SessionState) -> None:
-        self.cell.value = value
 
     def has_parameter(self, name: str) -> bool:
         """Whether ``name`` is a parameter of the state."""

@@ -18,7 +18,7 @@ import numpy as np
 from jaxort import checkpoint as _ckpt
 from jaxort import training as _training
 from jaxort.errors import ArgumentTypeError
-from jaxort.training.session_state import SessionCell
+from jaxort.training.session_state import SessionCell, SessionHandle
 
 __all__ = ["CheckpointState", "Parameter", "Parameters", "Properties"]
 
@@ -165,7 +165,7 @@ class Properties:
         return f"Properties({dict(self)})"
 
 
-class CheckpointState:
+class CheckpointState(SessionHandle):
     """The state of a training run: parameters, gradients, optimizer state, properties.
 
     Make one with :meth:`load_checkpoint`. A :class:`jaxort.api.Module`
@@ -197,15 +197,6 @@ class CheckpointState:
         self.cell = SessionCell(state)
         self._parameters = Parameters(self)
         self._properties = Properties(self)
-
-    @property
-    def session_state(self) -> _training.SessionState:
-        """The current :class:`jaxort.training.SessionState` (read from :attr:`cell`)."""
-        return self.cell.value
-
-    @session_state.setter
-    def session_state(self, value: _training.SessionState) -> None:
-        self.cell.value = value
 
     @classmethod
     def load_checkpoint(cls, checkpoint_uri: Union[str, os.PathLike]) -> "CheckpointState":

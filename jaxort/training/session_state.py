@@ -41,7 +41,7 @@ from jaxort.training.sharding import Placement, gather
 from jaxort.training.state import TrainState, apply_schedule, set_initial_learning_rate
 from jaxort.training.state import set_seed as _reseed
 
-__all__ = ["PROCESS_SEED", "PROGRAMS", "ProcessSeed", "ProgramCache", "SessionCell", "SessionState"]
+__all__ = ["PROCESS_SEED", "PROGRAMS", "ProcessSeed", "ProgramCache", "SessionCell", "SessionHandle", "SessionState"]
 
 # No call deferred.
 _NO_CALLS = Pending()
@@ -172,6 +172,25 @@ class SessionCell:
         if optimizer is not None and st.optimizer_owner is not optimizer:
             st.require_optimizer_owner(optimizer)
         return st
+
+
+class SessionHandle:
+    """Base of the facades' state handles: one :class:`SessionCell` in ``cell``.
+
+    Attributes:
+      cell: the cell holding the handle's :class:`SessionState`.
+    """
+
+    cell: SessionCell
+
+    @property
+    def session_state(self) -> "SessionState":
+        """The current :class:`SessionState` (read from :attr:`cell`, its deferred calls run)."""
+        return self.cell.value
+
+    @session_state.setter
+    def session_state(self, value: "SessionState") -> None:
+        self.cell.value = value
 
 
 def _not_a_state(value) -> None:
