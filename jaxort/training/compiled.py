@@ -65,13 +65,10 @@ class CompiledSteps:
 
     Args:
       steps: the pure steps.
-      input_names / eval_input_names: the inputs' names (to place batches on a mesh).
     """
 
-    def __init__(self, steps: Steps, input_names, eval_input_names):
+    def __init__(self, steps: Steps):
         self.steps = steps
-        self._input_names = tuple(input_names)
-        self._eval_input_names = tuple(eval_input_names)
         self._compiled: dict = {}  # StepKey -> compiled function; read without the lock
         self._flags: dict = {}  # (optimizer, set rate, schedule) -> their device arrays
         self._lock = threading.Lock()
@@ -97,8 +94,8 @@ class CompiledSteps:
             return self.get(StepKey(kind, micro_batches=micro_batches))(state, *inputs)
         placement = Placement(mesh)
         state = _onto_mesh(state, placement)
-        inputs = placement.place_batch(inputs, self._eval_input_names if kind is StepKind.EVAL
-                                       else self._input_names)
+        inputs = placement.place_batch(inputs, self.steps.eval_input_names if kind is StepKind.EVAL
+                                       else self.steps.input_names)
         state_sh = jax.tree.map(lambda x: x.sharding, state)
         shardings = (jax.tree.structure(state), tuple(jax.tree.leaves(state_sh)),
                      tuple(x.sharding for x in inputs))

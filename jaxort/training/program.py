@@ -140,8 +140,7 @@ class TrainProgram:
             n_graph_inputs=len(info.input_names), n_eval_graph_inputs=n_eval_graph_inputs,
             output_name=self.output_names[0] if self.output_names else "loss", optimizer=optimizer,
             policy=policy, low_precision=(low_precision.get(id(training_model), frozenset()), eval_low),
-            input_names=self.input_names, eval_input_names=self.eval_input_names, loss_fn=loss_fn),
-            self.input_names, self.eval_input_names)
+            input_names=self.input_names, eval_input_names=self.eval_input_names, loss_fn=loss_fn))
 
     # ------------------------------------------------------------------ building
 
