@@ -258,7 +258,6 @@ def _slot_tree(packing: Packing) -> TrainState:
     return jax.tree.unflatten(packing.treedef, list(packing.slots))
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
 class PackedState:
     """A TrainState with its small leaves packed (see the module docstring); a JAX pytree.
 
@@ -275,9 +274,24 @@ class PackedState:
       packing: the static :class:`Packing`.
     """
 
-    buffers: tuple
-    loose: tuple
-    packing: Packing
+    # A slotted class rather than a frozen dataclass: every compiled step
+    # builds one when JAX unflattens its output, and a frozen dataclass's
+    # __init__ costs a microsecond there (its object.__setattr__ calls).
+    __slots__ = ("buffers", "loose", "packing", "__weakref__")
+
+    def __init__(self, buffers: tuple, loose: tuple, packing: Packing):
+        _SET_BUFFERS(self, buffers)
+        _SET_LOOSE(self, loose)
+        _SET_PACKING(self, packing)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"a PackedState is immutable: use replace() to change {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a PackedState is immutable: {name!r} cannot be deleted")
+
+    def __reduce__(self):
+        return PackedState, (self.buffers, self.loose, self.packing)
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{dtype}[{size}]" for dtype, size in self.packing.groups)
@@ -319,6 +333,8 @@ class PackedState:
             buffers[group] = _write_jit(buffers[group], tuple(o for o, _ in pairs), tuple(x for _, x in pairs))
         return PackedState(tuple(buffers), tuple(loose), self.packing)
 
+
+_SET_BUFFERS, _SET_LOOSE, _SET_PACKING = (vars(PackedState)[name].__set__ for name in ("buffers", "loose", "packing"))
 
 # What a PackedState reads through the TrainState it holds: its fields and properties.
 READABLE = frozenset(STATE_FIELDS) | frozenset(

@@ -152,6 +152,21 @@ def test_a_state_that_does_not_fit_the_packing_is_refused(golden):
         pack(bad, packing)
 
 
+def test_a_packed_state_is_immutable_and_pickles_to_the_same_values(golden):
+    import pickle
+
+    program, start, _, _ = _golden(golden, "mlp_adamw")
+    packed = pack(program.init_state(start))
+    with pytest.raises(AttributeError, match="immutable"):
+        packed.buffers = ()
+    with pytest.raises(AttributeError, match="immutable"):
+        del packed.loose
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        packed.nonsense
+    again = pickle.loads(pickle.dumps(packed))
+    assert again.packing == packed.packing
+    _assert_same(unpack(again), unpack(packed))
+
 
 def test_a_packed_state_reads_and_changes_like_the_train_state_it_holds(golden):
     from jaxort.training import (apply_schedule, linear_lr_schedule, make_mesh, set_initial_learning_rate,
