@@ -7,8 +7,12 @@ draws fresh random examples (and more of them) for a local bug hunt.
 
 import os
 
-import pytest
-from hypothesis import HealthCheck, settings
+# The suite does not write to the user's compilation cache (tests of the
+# cache set their own directory): see jaxort/graph/compilation_cache.py.
+os.environ.setdefault("JAXORT_COMPILATION_CACHE", "off")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, print_blob=True,

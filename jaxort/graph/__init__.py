@@ -7,7 +7,9 @@ proto helpers :func:`normalize_domain`, :func:`default_opset`,
 :func:`numpy_dtype`, :func:`tensor_from_numpy` and :func:`tensor_to_numpy`,
 :func:`check_input`, the check of a value fed for a declared input, and
 :func:`check_graph_structure`, the check every pass over a node list runs
-first (cycles, values made twice, dangling reads, order).
+first (cycles, values made twice, dangling reads, order), and
+:func:`set_compilation_cache` / :func:`compilation_cache_dir`, the persistent
+compilation cache jaxort turns on (:mod:`jaxort.graph.compilation_cache`).
 This layer knows nothing of training or sessions.
 """
 
@@ -22,6 +24,7 @@ from jaxort.graph._model import (
 )
 from jaxort.graph._registry import OpHandler, lookup, normalize_domain, register, registered
 from jaxort.graph._structure import check_graph_structure
+from jaxort.graph.compilation_cache import compilation_cache_dir, set_compilation_cache
 from jaxort.graph._trace import (
     JaxGraph,
     Subgraph,
@@ -42,6 +45,7 @@ __all__ = [
     "backward_slice",
     "check_graph_structure",
     "check_input",
+    "compilation_cache_dir",
     "default_opset",
     "is_static",
     "load_model",
@@ -52,6 +56,7 @@ __all__ = [
     "register",
     "registered",
     "resolve_device",
+    "set_compilation_cache",
     "static",
     "static_ints",
     "tensor_from_numpy",

@@ -35,6 +35,7 @@ from onnx import helper
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, JaxortError, ModelError, OpError
 from jaxort.graph._host_memory import settle_allocator
+from jaxort.graph.compilation_cache import use_compilation_cache
 from jaxort.graph._inputs import _canonical, check_input
 from jaxort.graph._model import ModelSource, load_model
 from jaxort.graph._prepare import (
@@ -414,6 +415,7 @@ class JaxGraph:
         fuse: bool = True,
     ):
         settle_allocator()  # before any step of this graph is compiled and run: see _host_memory
+        use_compilation_cache()  # likewise: see compilation_cache
         self.model = load_model(model, check=False)
         # Before onnx.checker, whose message names one node of a cycle, and
         # before the passes below, which assume a sorted, acyclic node list.

@@ -1,0 +1,141 @@
+"""The persistent compilation cache jaxort turns on (jaxort/graph/compilation_cache.py).
+
+Each case runs in fresh Python processes: the cache is process-wide JAX
+state, decided at the first compile. The suite itself runs with the cache
+off (tests/conftest.py), so these set the environment they need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "mlp_adamw"
+
+# One train step and one optimizer step through jaxort.api on ORT's artifacts
+# of the golden MLP; prints what JAX's cache did, the directory jaxort chose
+# and the loss.
+_TRAIN = r"""
+import json, sys
+import jax, numpy as np
+from jax import monitoring
+events = {}
+monitoring.register_event_listener(lambda name, **kw: events.__setitem__(name, events.get(name, 0) + 1))
+import jaxort.graph
+from jaxort.api import CheckpointState, Module, Optimizer
+d = sys.argv[1]
+state = CheckpointState.load_checkpoint(d + "/checkpoint")
+module = Module(d + "/training_model.onnx", state, d + "/eval_model.onnx")
+optimizer = Optimizer(d + "/optimizer_model.onnx", module)
+batches = np.load(d + "/batches.npz")
+loss = module(batches["train::input"][0], batches["train::labels"][0])
+optimizer.step()
+loss = module(batches["train::input"][1], batches["train::labels"][1])
+print(json.dumps({"hits": events.get("/jax/compilation_cache/cache_hits", 0),
+                  "misses": events.get("/jax/compilation_cache/cache_misses", 0),
+                  "dir": jaxort.graph.compilation_cache_dir(),
+                  "jax_dir": jax.config.jax_compilation_cache_dir,
+                  "loss": float(loss)}))
+"""
+
+
+def _run(env_changes: dict, script: str = _TRAIN, *args: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAXORT_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    # Cache every program, however fast it compiles (JAX's default is 1 s).
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env.update(env_changes)
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _entries(path: pathlib.Path) -> list:
+    return sorted(p.name for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def test_a_second_process_loads_its_train_step_from_the_cache(tmp_path):
+    cache = tmp_path / "xla"
+    first = _run({"JAXORT_COMPILATION_CACHE": str(cache)}, _TRAIN, str(GOLDEN))
+    assert first["dir"] == str(cache) and first["jax_dir"] == str(cache)
+    assert first["hits"] == 0 and first["misses"] > 0
+    written = _entries(cache)
+    assert len(written) >= first["misses"]
+    second = _run({"JAXORT_COMPILATION_CACHE": str(cache)}, _TRAIN, str(GOLDEN))
+    # Every program the second process needs was compiled by the first.
+    assert second["misses"] == 0
+    assert second["hits"] >= first["misses"]
+    assert _entries(cache) == written
+    assert second["loss"] == first["loss"]
+
+
+def test_the_default_directory_is_under_the_user_cache(tmp_path):
+    home = tmp_path / "cachehome"
+    out = _run({"XDG_CACHE_HOME": str(home)}, _TRAIN, str(GOLDEN))
+    assert out["dir"] == str(home / "jaxort" / "xla")
+    assert _entries(home / "jaxort" / "xla")
+    assert (home / "jaxort" / "xla").stat().st_mode & 0o077 == 0  # owner only
+
+
+@pytest.mark.parametrize("off", ["0", "off", "None", "false"])
+def test_the_environment_turns_the_cache_off(tmp_path, off):
+    home = tmp_path / "cachehome"
+    out = _run({"XDG_CACHE_HOME": str(home), "JAXORT_COMPILATION_CACHE": off}, _TRAIN, str(GOLDEN))
+    assert out["dir"] is None and out["jax_dir"] is None
+    assert out["hits"] == 0 and out["misses"] == 0
+    assert not home.exists()
+
+
+def test_a_directory_given_to_jax_wins(tmp_path):
+    mine, theirs = tmp_path / "mine", tmp_path / "jaxort"
+    out = _run({"JAX_COMPILATION_CACHE_DIR": str(mine), "JAXORT_COMPILATION_CACHE": str(theirs)},
+               _TRAIN, str(GOLDEN))
+    assert out["dir"] == str(mine) and out["jax_dir"] == str(mine)
+    assert _entries(mine) and not theirs.exists()
+
+
+_MOVE = r"""
+import json, sys
+import jax, jax.numpy as jnp
+import jaxort.graph
+first, second = sys.argv[1], sys.argv[2]
+assert jaxort.graph.compilation_cache_dir() == first
+jax.jit(lambda x: x * 2.0)(jnp.ones(3)).block_until_ready()
+moved = jaxort.graph.set_compilation_cache(second)
+jax.jit(lambda x: x * 3.0)(jnp.ones(4)).block_until_ready()
+off = jaxort.graph.set_compilation_cache(None)
+jax.jit(lambda x: x * 4.0)(jnp.ones(5)).block_until_ready()
+print(json.dumps({"moved": moved, "off": off, "jax_dir": jax.config.jax_compilation_cache_dir,
+                  "dir": jaxort.graph.compilation_cache_dir()}))
+"""
+
+
+def test_set_compilation_cache_moves_it_and_turns_it_off(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    out = _run({"JAXORT_COMPILATION_CACHE": str(first)}, _MOVE, str(first), str(second))
+    assert out == {"moved": str(second), "off": None, "jax_dir": None, "dir": None}
+    # Each lambda's program in the directory in use when it compiled; the last one nowhere.
+    lambdas = [[n for n in _entries(d) if n.startswith("jit__lambda")] for d in (first, second)]
+    assert [len(x) for x in lambdas] == [1, 1]
+    assert lambdas[0] != lambdas[1]
+
+
+def test_an_unwritable_directory_warns_and_compiles_without_a_cache(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    script = "import warnings\nwarnings.simplefilter('error', RuntimeWarning)\n" + _TRAIN
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["JAXORT_COMPILATION_CACHE"] = str(blocker / "xla")
+    done = subprocess.run([sys.executable, "-c", script, str(GOLDEN)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode != 0
+    assert "no persistent compilation cache: cannot create" in done.stderr and str(blocker) in done.stderr
+    # Without warnings as errors the same process trains, uncached.
+    out = _run({"JAXORT_COMPILATION_CACHE": str(blocker / "xla")}, _TRAIN, str(GOLDEN))
+    assert out["dir"] is None and out["hits"] == 0 and out["misses"] == 0
