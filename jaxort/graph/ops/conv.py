@@ -214,6 +214,13 @@ def _cpu_plan(x, w, spec, preferred) -> _Plan | None:
     strided = any(s != 1 for s in strides)
     if group > 1:
         return _Plan("columns", "columns", "columns", fence_output_grad=True) if few else None
+    if any(min(size, o) < (k - 1) * d + 1
+           for size, o, k, d in zip(x.shape[2:], out, w.shape[2:], spec[1])):
+        # A kernel larger than its input or output (a 3x3 over ResNet's last
+        # 2x2 maps, or onto them): XLA swaps the operands of the convolution
+        # (or of its input gradient) and runs the result at ~1 GFLOP/s; the
+        # columns of so small a map are a few rows.
+        return _Plan("columns", "columns", "columns")
     small = _column_count(x, w, spec) <= _SMALL_COLUMNS
     if not (few or strided):
         return _Plan("xla", "xla", "columns") if small else None

@@ -250,8 +250,12 @@ def test_conv_columns_derivatives_match_finite_differences(xs, ws, attrs):
 LARGE_COLUMN_CASES = [((4, 2, 48, 48), (3, 2, 5, 5), dict(pads=[1, 2, 0, 1])),
                       ((32, 6, 14, 14), (16, 6, 5, 5), {}),
                       ((4, 3, 48, 48), (4, 3, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
-                      ((8, 1, 28, 28), (6, 1, 5, 5), dict(pads=[2, 2, 2, 2]))]
-LARGE_IDS = ["large-stride-1", "large-fenced", "large-strided", "large-taps"]
+                      ((8, 1, 28, 28), (6, 1, 5, 5), dict(pads=[2, 2, 2, 2])),
+                      # ResNet's last stage: a 3x3 over 2x2 maps, and a strided 3x3 onto them.
+                      ((16, 256, 2, 2), (64, 256, 3, 3), dict(pads=[1, 1, 1, 1])),
+                      ((16, 128, 4, 4), (64, 128, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1]))]
+LARGE_IDS = ["large-stride-1", "large-fenced", "large-strided", "large-taps", "kernel-over-input",
+             "kernel-over-output"]
 
 
 def _spec(xs, ws, attrs):
@@ -295,6 +299,8 @@ def test_the_large_cases_take_the_plans_they_test():
                                       fence_input_grad=True)
     assert plans[2] == conv_ops._Plan("columns", "xla", "columns")
     assert plans[3] == conv_ops._Plan("taps", "columns_last", "xla", fence_output=True)
+    # A kernel larger than the input or the output: XLA would swap the operands; columns throughout.
+    assert plans[4] == plans[5] == conv_ops._Plan("columns", "columns", "columns")
     # A 1x1 convolution's columns are its input: a matrix product, never taps, never fenced.
     one = conv_ops._cpu_plan(jnp.zeros((8, 8, 16, 16)), jnp.zeros((48, 8, 1, 1)),
                              _spec((8, 8, 16, 16), (48, 8, 1, 1), {}), None)
@@ -328,7 +334,7 @@ def test_every_form_is_the_convolution_and_transposes_to_its_derivatives(form, x
         _assert_close_to(a, b)
 
 
-@pytest.mark.parametrize("xs,ws,attrs", LARGE_COLUMN_CASES[1:2] + LARGE_COLUMN_CASES[3:] + COLUMN_CASES[2:4],
+@pytest.mark.parametrize("xs,ws,attrs", LARGE_COLUMN_CASES[1:2] + LARGE_COLUMN_CASES[3:4] + COLUMN_CASES[2:4],
                          ids=["large-fenced", "large-taps", "depthwise", "grouped"])
 def test_fenced_plans_have_forward_mode_and_second_derivatives(xs, ws, attrs):
     # The fences are conditionals: jvp, grad of grad and vmap go through them (float64, small).
