@@ -133,7 +133,9 @@ class _Plan(NamedTuple):
     (:func:`fence`) keeps XLA from fusing a tensor into each of its users:
     ``fence_input`` the input of the forward form, ``fence_output`` its
     result, ``fence_input_grad`` the input gradient, ``fence_output_grad``
-    the gradient of the output where the input gradient reads it.
+    the gradient of the output where the input gradient reads it, and
+    ``fence_operand`` the input before every pass (forward and filter
+    gradient) reads it.
     """
 
     forward: str
@@ -143,6 +145,7 @@ class _Plan(NamedTuple):
     fence_output: bool = False
     fence_input_grad: bool = False
     fence_output_grad: bool = False
+    fence_operand: bool = False
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
@@ -179,6 +182,8 @@ _SMALL_COLUMNS = 1 << 16
 _TAP_TERMS = 32
 # ... with at least this many output values; fences for tensors of at least as many.
 _FENCE_ELEMENTS = 1 << 15
+# ... and fences the input of a convolution XLA runs itself from this many values.
+_FENCE_OPERAND_ELEMENTS = 1 << 19
 
 
 def _column_count(x, w, spec) -> int:
@@ -186,45 +191,57 @@ def _column_count(x, w, spec) -> int:
     return x.shape[1] * math.prod(w.shape[2:]) * x.shape[0] * math.prod(spec[4])
 
 
-def _columns_fit(x, w, spec, preferred) -> bool:
-    """Whether the column forms can express a convolution, within _COLUMN_ELEMENTS values."""
+def _columns_fit(x, w, spec, preferred, limit: int | None = _COLUMN_ELEMENTS) -> bool:
+    """Whether the column forms can express a convolution, within ``limit`` column values (None: any)."""
     _, _, padding, group, out = spec
     c = x.shape[1]
     return (preferred is None and x.dtype in (jnp.float32, jnp.float64) and w.dtype == x.dtype
             and c % group == 0 and w.shape[0] % group == 0 and w.shape[1] == c // group
             and all(o > 0 for o in out) and all(p >= 0 for pair in padding for p in pair)
-            and _column_count(x, w, spec) <= _COLUMN_ELEMENTS)
+            and (limit is None or _column_count(x, w, spec) <= limit))
 
 
 def _cpu_plan(x, w, spec, preferred) -> _Plan | None:
     """The :class:`_Plan` of a convolution on CPU, or None for XLA's convolution and derivatives.
 
     Where XLA's CPU convolution is slow (few input channels per group) the passes run as taps or
-    columns; a strided or small convolution's filter gradient is one product with the columns (XLA
-    runs it as a window-dilated convolution, in a slow generic loop); grouped ones use columns
-    throughout. Large tensors XLA would recompute in several fusions are fenced. The choices are
-    measured train steps: docs/benchmarks.md, "What `_cpu_plan` picks".
+    columns; a strided, small or 1x1 convolution's filter gradient is one product with the columns
+    (XLA runs it as a window-dilated convolution, in a slow generic loop); grouped ones use columns
+    throughout, or taps when their columns would not fit. Large tensors XLA would recompute in
+    several fusions are fenced. The choices are measured train steps: docs/benchmarks.md, "What
+    `_cpu_plan` picks".
     """
-    if not _columns_fit(x, w, spec, preferred):
-        return None
-    strides, _, _, group, out = spec
+    strides, dilations, _, group, out = spec
     cg = x.shape[1] // group
     taps = math.prod(w.shape[2:])
     few = cg <= _COLUMN_CHANNELS and taps <= MAX_TAPS
+    if not _columns_fit(x, w, spec, preferred):
+        if group > 1 and few and _columns_fit(x, w, spec, preferred, limit=None):
+            # A depthwise convolution over large maps: its columns would not fit, and XLA
+            # computes its filter gradient as a full (channels x channels) convolution.
+            return _Plan("taps", "taps", "taps", fence_output=True, fence_output_grad=True)
+        return None
     strided = any(s != 1 for s in strides)
     if group > 1:
         return _Plan("columns", "columns", "columns", fence_output_grad=True) if few else None
-    if any(min(size, o) < (k - 1) * d + 1
-           for size, o, k, d in zip(x.shape[2:], out, w.shape[2:], spec[1])):
+    if any(min(size, o) < (k - 1) * d + 1 for size, o, k, d in zip(x.shape[2:], out, w.shape[2:], dilations)):
         # A kernel larger than its input or output (a 3x3 over ResNet's last
         # 2x2 maps, or onto them): XLA swaps the operands of the convolution
         # (or of its input gradient) and runs the result at ~1 GFLOP/s; the
         # columns of so small a map are a few rows.
         return _Plan("columns", "columns", "columns")
     small = _column_count(x, w, spec) <= _SMALL_COLUMNS
-    if not (few or strided):
-        return _Plan("xla", "xla", "columns") if small else None
     large_input = x.size >= _FENCE_ELEMENTS
+    fence_operand = x.size >= _FENCE_OPERAND_ELEMENTS
+    if not (few or strided):
+        if small:
+            return _Plan("xla", "xla", "columns")
+        # XLA's own passes on working-size maps, the input read once (XLA would recompute a
+        # residual stream's whole chain of elementwise producers in each pass); a 1x1
+        # convolution's filter gradient is one matrix product with its input.
+        if taps > 1 and not fence_operand:
+            return None
+        return _Plan("xla", "xla", "columns" if taps == 1 else "xla", fence_operand=fence_operand)
     # A 1x1 convolution's columns are its input: one matrix product, nothing to slice or fence.
     if few and 1 < taps and cg * taps <= _TAP_TERMS and x.shape[0] * w.shape[0] * math.prod(out) >= _FENCE_ELEMENTS:
         forward, fence_input, fence_output = "taps", False, True
@@ -238,7 +255,8 @@ def _cpu_plan(x, w, spec, preferred) -> _Plan | None:
         input_grad = "columns" if small else "columns_last"
     filter_grad = "columns" if small or strided else "xla"
     return _Plan(forward, input_grad, filter_grad, fence_input, fence_output,
-                 input_grad == "columns_last" and large_input)
+                 input_grad == "columns_last" and large_input,
+                 fence_operand=not few and fence_operand)
 
 
 def _conv(x, w, b, *, auto_pad, dilations, group, kernel_shape, pads, strides,
@@ -251,7 +269,8 @@ def _conv(x, w, b, *, auto_pad, dilations, group, kernel_shape, pads, strides,
     spec = (tuple(strides), tuple(dilations), tuple(map(tuple, padding)), group, out)
     plan = _cpu_plan(x, w, spec, preferred) if list(kernel) == list(w.shape[2:]) else None
     if plan is not None:
-        y = on_cpu_else(x, lambda x: _conv_planned(x, w, spec, plan), lambda x: _xla_conv(x, w, spec))
+        y = on_cpu_else(x, lambda x: _conv_planned(fence(x, w) if plan.fence_operand else x, w, spec, plan),
+                        lambda x: _xla_conv(x, w, spec))
     else:
         y = _xla_conv(x, w, spec, preferred)
     if b is not None:

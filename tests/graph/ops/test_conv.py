@@ -414,3 +414,50 @@ def test_the_columns_of_a_large_kernel_compile_to_a_few_loops(form):
     entry = text[text.index("\nENTRY"):]
     fusions = entry.count(" fusion(")
     assert 0 < fusions <= 6, f"{fusions} fusions in the compiled {form} form"
+
+
+# Working sizes (ResNet-50's and MobileNetV3's): plans picked on zeros, values on smaller copies.
+WORKING_PLANS = [
+    # a 1x1 convolution of many channels over large maps: XLA's passes, its input fenced,
+    # its filter gradient one matrix product
+    ((8, 256, 56, 56), (64, 256, 1, 1), {}, conv_ops._Plan("xla", "xla", "columns", fence_operand=True)),
+    # a 3x3 one: XLA's passes, its input fenced
+    ((8, 64, 56, 56), (64, 64, 3, 3), dict(pads=[1, 1, 1, 1]),
+     conv_ops._Plan("xla", "xla", "xla", fence_operand=True)),
+    # a strided 1x1 (a downsampling shortcut): fenced as well
+    ((8, 256, 56, 56), (512, 256, 1, 1), dict(strides=[2, 2]),
+     conv_ops._Plan("xla", "xla", "columns", fence_operand=True)),
+    # a depthwise 5x5 whose columns would pass _COLUMN_ELEMENTS: taps in every pass
+    ((16, 120, 28, 28), (120, 1, 5, 5), dict(group=120, pads=[2, 2, 2, 2]),
+     conv_ops._Plan("taps", "taps", "taps", fence_output=True, fence_output_grad=True)),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs,plan", WORKING_PLANS, ids=["1x1", "3x3", "1x1-strided", "depthwise-taps"])
+def test_working_size_convolutions_take_their_plans(xs, ws, attrs, plan):
+    assert conv_ops._cpu_plan(jnp.zeros(xs), jnp.zeros(ws), _spec(xs, ws, attrs), None) == plan
+
+
+@pytest.mark.parametrize("xs,ws,attrs,plan", WORKING_PLANS, ids=["1x1", "3x3", "1x1-strided", "depthwise-taps"])
+def test_working_size_plans_equal_xla_convolution_and_its_gradients(xs, ws, attrs, plan, monkeypatch):
+    # The same plans on a copy small enough to test (batch 2, maps a quarter as wide),
+    # through the Conv op (so fence_operand applies) against lax's convolution.
+    monkeypatch.setattr(conv_ops, "_cpu_plan", lambda *args: plan)
+    xs = (2, xs[1], xs[2] // 4, xs[3] // 4)
+    x, w, b = (jnp.asarray(a) for a in _conv_inputs(xs, ws, np.float32))
+    spec = _spec(xs, ws, attrs)
+    ours = _conv_of(xs, ws, attrs, np.float32)
+    g = jnp.asarray(np.random.default_rng(7).standard_normal((xs[0], ws[0]) + spec[4]).astype(np.float32))
+    (y_p, pb_p), (y_x, pb_x) = (jax.vjp(lambda x, w: ours(x, w, b), x, w),
+                                jax.vjp(lambda x, w: conv_ops._xla_conv(x, w, spec) + b[:, None, None], x, w))
+    _assert_close_to(y_p, y_x)
+    for a, ref in zip(pb_p(g), pb_x(g)):
+        _assert_close_to(a, ref)
+    text = jax.jit(lambda x, w: jax.vjp(lambda x, w: ours(x, w, b), x, w)[1](g)).lower(x, w).as_text()
+    assert ("stablehlo.case" in text or "stablehlo.if" in text) == (plan.fence_operand or plan.fence_output)
+
+
+def test_a_depthwise_convolution_takes_taps_only_where_columns_do_not_fit():
+    xs, ws, attrs = (16, 120, 14, 14), (120, 1, 5, 5), dict(group=120, pads=[2, 2, 2, 2])
+    assert conv_ops._column_count(np.zeros(xs), np.zeros(ws), _spec(xs, ws, attrs)) <= conv_ops._COLUMN_ELEMENTS
+    assert conv_ops._cpu_plan(jnp.zeros(xs), jnp.zeros(ws), _spec(xs, ws, attrs), None).forward == "columns"
