@@ -18,8 +18,10 @@ The default directory is ``$XDG_CACHE_HOME/jaxort/xla`` (``~/.cache/jaxort/xla``
 when ``XDG_CACHE_HOME`` is unset). The cache is JAX's, so it is
 process-wide: once jaxort has turned it on, a program of the user's own JAX
 code in the same process that takes at least
-``jax_persistent_cache_min_compile_time_secs`` (1 s by default) to compile
-is saved there too. Programs are keyed by their HLO, the compile options,
+``jax_persistent_cache_min_compile_time_secs`` to compile is saved there
+too. jaxort lowers that threshold from JAX's default of 1 s to
+:data:`MIN_COMPILE_SECS` (0.1 s) when it turns the cache on, unless it was
+set to something else. Programs are keyed by their HLO, the compile options,
 and the JAX, jaxlib and backend versions, so a changed model, flag or
 upgrade compiles anew. Several processes may share a directory: an entry
 one process is still writing reads as an error in another, which JAX
@@ -41,11 +43,14 @@ from typing import Optional, Union
 import jax
 from jax.experimental.compilation_cache import compilation_cache as _jax_cache
 
-__all__ = ["ENV_VAR", "compilation_cache_dir", "default_cache_dir", "set_compilation_cache",
+__all__ = ["ENV_VAR", "MIN_COMPILE_SECS", "compilation_cache_dir", "default_cache_dir", "set_compilation_cache",
            "use_compilation_cache"]
 
 ENV_VAR = "JAXORT_COMPILATION_CACHE"
 _OFF = frozenset({"0", "off", "false", "no", "none", ""})
+# Programs that compile for at least this long are cached (JAX's own default: 1 s).
+MIN_COMPILE_SECS = 0.1
+_JAX_MIN_COMPILE_SECS = 1.0
 
 _lock = threading.Lock()
 # None until the first compile (or set_compilation_cache) decides; then the
@@ -81,6 +86,10 @@ def _turn_on(path: str) -> str:
         # JAX opens its cache once; a new directory needs it reopened.
         _jax_cache.reset_cache()
         jax.config.update("jax_compilation_cache_dir", path)
+    if jax.config.jax_persistent_cache_min_compile_time_secs == _JAX_MIN_COMPILE_SECS:
+        # A session's first step also compiles a few programs of 0.1-1 s (the
+        # optimizer step, the packing of a state): worth keeping too.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECS)
     return path
 
 

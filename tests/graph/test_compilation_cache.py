@@ -40,16 +40,20 @@ print(json.dumps({"hits": events.get("/jax/compilation_cache/cache_hits", 0),
                   "misses": events.get("/jax/compilation_cache/cache_misses", 0),
                   "dir": jaxort.graph.compilation_cache_dir(),
                   "jax_dir": jax.config.jax_compilation_cache_dir,
+                  "min_secs": jax.config.jax_persistent_cache_min_compile_time_secs,
                   "loss": float(loss)}))
 """
 
 
 def _run(env_changes: dict, script: str = _TRAIN, *args: str) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("JAXORT_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")}
-    # Cache every program, however fast it compiles (JAX's default is 1 s).
+           if k not in ("JAXORT_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR",
+                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+    # Cache every program, however fast it compiles (jaxort's threshold is 0.1 s).
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    env.update(env_changes)
+    env.update({k: v for k, v in env_changes.items() if v is not None})
+    for k in [k for k, v in env_changes.items() if v is None]:
+        env.pop(k, None)
     done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -139,3 +143,10 @@ def test_an_unwritable_directory_warns_and_compiles_without_a_cache(tmp_path):
     # Without warnings as errors the same process trains, uncached.
     out = _run({"JAXORT_COMPILATION_CACHE": str(blocker / "xla")}, _TRAIN, str(GOLDEN))
     assert out["dir"] is None and out["hits"] == 0 and out["misses"] == 0
+
+
+@pytest.mark.parametrize("given,expected", [(None, 0.1), ("0.5", 0.5)])
+def test_jaxort_lowers_jax_s_default_compile_time_threshold_only(tmp_path, given, expected):
+    out = _run({"JAXORT_COMPILATION_CACHE": str(tmp_path / "xla"),
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": given}, _TRAIN, str(GOLDEN))
+    assert out["min_secs"] == expected
