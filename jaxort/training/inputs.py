@@ -161,6 +161,30 @@ class InputChecker:
             self._check_labels(inputs)
         return inputs
 
+    def check_stacked(self, inputs: tuple) -> tuple:
+        """Batches stacked along a leading axis, checked as :meth:`check` checks one batch.
+
+        Raises:
+          InputError: as :meth:`check`, for any of the batches; inputs
+            without a common leading length, or of length 0.
+        """
+        if len(inputs) != len(self.names):
+            raise InputError(f"the model takes {len(self.names)} inputs {list(self.names)}, "
+                             f"given {len(inputs)}")
+        inputs = tuple(x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x) for x in inputs)
+        lengths = [x.shape[0] if x.ndim else None for x in inputs]
+        if None in lengths or len(set(lengths)) != 1 or lengths[0] == 0:
+            shapes = ", ".join(f"{n!r} {list(x.shape)}" for n, x in zip(self.names, inputs))
+            raise InputError(f"stacked batches need one leading axis of the same, nonzero length "
+                             f"on every input: given {shapes}")
+        first = self.check(tuple(x[0] for x in inputs))
+        # The first batch's checks (and any conversion) hold for all: same shapes and dtypes.
+        inputs = tuple(x if x.dtype == f.dtype else np.asarray(x, dtype=f.dtype) for x, f in zip(inputs, first))
+        if self.labels:
+            for k in range(1, lengths[0]):
+                self._check_labels(tuple(x[k] for x in inputs))
+        return inputs
+
     def _check_labels(self, inputs: tuple) -> None:
         for index, name, scores, ignore in self.labels:
             labels = inputs[index]

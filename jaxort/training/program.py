@@ -455,6 +455,37 @@ class TrainProgram:
         inputs = self.check_inputs(inputs)
         return self._steps.run(StepKind.TRAIN_AND_UPDATE, state, inputs, self._micro(micro_batches, inputs))
 
+    def train_steps(self, state: TrainState, *inputs) -> tuple[TrainState, tuple]:
+        """:meth:`train_and_update` over several batches in one compiled call.
+
+        Each input holds ``k`` batches stacked along a new leading axis; the
+        steps run in order inside one program (a ``lax.scan``), so a small
+        model pays the per-call cost of a compiled call once for ``k``
+        steps instead of once a step. The numbers are those of ``k`` calls
+        of :meth:`train_and_update`. One device only (a sharded state:
+        :meth:`train_and_update`).
+
+        Args:
+          state: the state (donated: use the returned one).
+          *inputs: the user inputs and labels, each of shape ``(k, *batch_shape)``.
+
+        Returns:
+          ``(new_state, outputs)``, each output stacked: ``(k, *output_shape)``.
+
+        Raises:
+          InputError: inputs without one common leading length, or a batch
+            :meth:`check_inputs` refuses.
+          TrainingError: no optimizer model, or a sharded state.
+
+        Example:
+          >>> xs, ys = np.stack(x_batches), np.stack(label_batches)   # doctest: +SKIP
+          >>> state, (losses,) = program.train_steps(state, xs, ys)    # doctest: +SKIP
+        """
+        if self.optimizer is None:
+            raise TrainingError("this program has no optimizer model")
+        inputs = self._train_inputs.check_stacked(tuple(inputs))
+        return self._steps.run(StepKind.TRAIN_STEPS, state, inputs)
+
     def train_step_after(self, state: TrainState, *inputs, optimizer_step: bool = False,
                          learning_rate: float | None = None, schedule: Callable | None = None,
                          schedule_step: bool = False, reset_grad: bool = False) -> tuple[TrainState, tuple]:

@@ -225,6 +225,11 @@ class Steps:
         state = self.optimizer_step(state, flat=flat)
         return state.replace(accumulate=jnp.zeros_like(state.accumulate)), outs
 
+    def train_steps(self, state: TrainState, inputs, flat: bool = False):
+        """:meth:`train_and_update` once per batch of ``inputs`` stacked along a leading axis
+        (a ``lax.scan``); the outputs come back stacked the same way."""
+        return jax.lax.scan(lambda s, batch: self.train_and_update(s, batch, 1, flat=flat), state, tuple(inputs))
+
     def train_after(self, state: TrainState, pending: Pending, inputs, *, schedule=None,
                     select: bool = False, flat: bool = False):
         """The calls ``pending`` (array flags, ``reset_grad`` static), then a train step.
