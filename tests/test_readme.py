@@ -91,7 +91,9 @@ def test_session_and_core_blocks_continue_training(readme):
     ns, work = readme
     assert ns["buffer"].shape == (8 * 3,)  # the trainable fc2.weight, flattened
     core = ckpt.load(work / "checkpoint_core")
-    assert core.optimizer_groups[0].step == 2
+    # optimizer_step, train_and_update, then train_steps over two stacked batches
+    assert core.optimizer_groups[0].step == 4
+    assert np.shape(ns["losses"]) == (2,)
     assert not np.array_equal(core.trainable["fc2.weight"],
                               ckpt.load(work / "artifacts" / "checkpoint").trainable["fc2.weight"])
 
