@@ -56,6 +56,8 @@ _lock = threading.Lock()
 # None until the first compile (or set_compilation_cache) decides; then the
 # directory in use, or "" for none.
 _decided: Optional[str] = None
+# Whether jaxort set JAX's directory (rather than found one the user set).
+_ours = False
 
 
 def default_cache_dir() -> pathlib.Path:
@@ -101,7 +103,7 @@ def use_compilation_cache() -> Optional[str]:
     Returns:
       The directory the cache uses, or None when it is off.
     """
-    global _decided
+    global _decided, _ours
     if _decided is None:
         with _lock:
             if _decided is None:
@@ -111,6 +113,7 @@ def use_compilation_cache() -> Optional[str]:
                 else:
                     wanted = _wanted()
                     _decided = "" if wanted is None else _turn_on(wanted)
+                    _ours = bool(_decided)
     return _decided or None
 
 
@@ -118,8 +121,8 @@ def set_compilation_cache(path: Union[str, os.PathLike, None]) -> Optional[str]:
     """Moves jaxort's persistent compilation cache to ``path``, or turns it off with None.
 
     It takes effect for programs compiled after the call. Turning it off
-    also unsets JAX's ``jax_compilation_cache_dir`` if jaxort had set it;
-    a directory the user gave JAX directly is left alone.
+    unsets JAX's ``jax_compilation_cache_dir`` if jaxort had set it; a
+    directory the user gave JAX directly is left alone, and stays in use.
 
     Args:
       path: a directory (created if missing), or None.
@@ -131,16 +134,19 @@ def set_compilation_cache(path: Union[str, os.PathLike, None]) -> Optional[str]:
       >>> import jaxort.graph
       >>> jaxort.graph.set_compilation_cache(None)  # no cache for this process
     """
-    global _decided
+    global _decided, _ours
     with _lock:
-        mine = _decided
         if path is None:
-            if mine and jax.config.jax_compilation_cache_dir == mine:
+            if _ours and jax.config.jax_compilation_cache_dir == _decided:
                 _jax_cache.reset_cache()
                 jax.config.update("jax_compilation_cache_dir", None)
-            _decided = ""
+                _decided = ""
+            elif not jax.config.jax_compilation_cache_dir:
+                _decided = ""
+            # else: the user's own directory for JAX stays, and stays reported
         else:
             _decided = _turn_on(os.fspath(path))
+            _ours = bool(_decided)
         return _decided or None
 
 

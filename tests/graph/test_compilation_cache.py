@@ -150,3 +150,19 @@ def test_jaxort_lowers_jax_s_default_compile_time_threshold_only(tmp_path, given
     out = _run({"JAXORT_COMPILATION_CACHE": str(tmp_path / "xla"),
                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": given}, _TRAIN, str(GOLDEN))
     assert out["min_secs"] == expected
+
+
+_OFF_KEEPS_JAX_S = r"""
+import json, sys
+import jax
+import jaxort.graph
+print(json.dumps({"before": jaxort.graph.compilation_cache_dir(),
+                  "after": jaxort.graph.set_compilation_cache(None),
+                  "jax_dir": jax.config.jax_compilation_cache_dir}))
+"""
+
+
+def test_turning_jaxort_s_cache_off_leaves_a_directory_given_to_jax(tmp_path):
+    mine = str(tmp_path / "mine")
+    out = _run({"JAX_COMPILATION_CACHE_DIR": mine}, _OFF_KEEPS_JAX_S)
+    assert out == {"before": mine, "after": mine, "jax_dir": mine}
