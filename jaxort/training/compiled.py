@@ -20,7 +20,6 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jaxort.errors import TrainingError
 from jaxort.training.optimizers import flat_moments
 from jaxort.training.packing import PackedState, Packing, Slot, pack, unpack
 from jaxort.training.pending import Pending
@@ -92,8 +91,6 @@ class CompiledSteps:
             new, outs = self.run(kind, unpack(state), inputs, micro_batches)
             return pack(new, state.packing), outs
         mesh = placement_of(state)
-        if mesh is not None and kind is StepKind.TRAIN_STEPS:
-            raise TrainingError("train_steps runs on one device: step a sharded state with train_and_update")
         if mesh is None:
             return self.get(StepKey(kind, micro_batches=micro_batches))(state, *inputs)
         placement = Placement(mesh)

@@ -483,6 +483,8 @@ class TrainProgram:
         """
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
+        if type(state) is not PackedState and placement_of(state) is not None:
+            raise TrainingError("train_steps runs on one device: step a sharded state with train_and_update")
         inputs = self._train_inputs.check_stacked(tuple(inputs))
         return self._steps.run(StepKind.TRAIN_STEPS, state, inputs)
 

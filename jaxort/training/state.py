@@ -188,7 +188,7 @@ _MAX_STEP = 2**31 - 2
 
 
 def _to_f32_scalar(x) -> jax.Array:
-    return jax.device_put(np.float32(x))
+    return _on_device(np.float32(x))
 
 
 def _on_device(value) -> jax.Array:
@@ -252,7 +252,7 @@ def state_from_checkpoint(ckpt, optimizer, *, trainable_names: Sequence[str],
         params=params,
         frozen=frozen,
         grads={n: _on_device(np.zeros(p.shape, p.dtype)) for n, p in params.items()},
-        accumulate=jnp.asarray(False),
+        accumulate=_on_device(np.bool_(False)),
         opt_state=(),
         learning_rate=_to_f32_scalar(default_learning_rate),
         initial_learning_rate=_to_f32_scalar(default_learning_rate),
