@@ -9,7 +9,9 @@ proto helpers :func:`normalize_domain`, :func:`default_opset`,
 :func:`check_graph_structure`, the check every pass over a node list runs
 first (cycles, values made twice, dangling reads, order), and
 :func:`set_compilation_cache` / :func:`compilation_cache_dir`, the persistent
-compilation cache jaxort turns on (:mod:`jaxort.graph.compilation_cache`).
+compilation cache jaxort turns on (:mod:`jaxort.graph.compilation_cache`), and
+:func:`lowering_platform`, which makes the CPU-or-default choices of the op
+handlers at trace time.
 This layer knows nothing of training or sessions.
 """
 
@@ -25,6 +27,7 @@ from jaxort.graph._model import (
 from jaxort.graph._registry import OpHandler, lookup, normalize_domain, register, registered
 from jaxort.graph._structure import check_graph_structure
 from jaxort.graph.compilation_cache import compilation_cache_dir, set_compilation_cache
+from jaxort.graph.numerics import lowering_platform
 from jaxort.graph._trace import (
     JaxGraph,
     Subgraph,
@@ -50,6 +53,7 @@ __all__ = [
     "is_static",
     "load_model",
     "lookup",
+    "lowering_platform",
     "normalize_domain",
     "numpy_dtype",
     "outer_reads",

@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import numpy as np
 
+from jaxort.graph.numerics import lowering_platform
 from jaxort.training.optimizers import flat_moments
 from jaxort.training.packing import PackedState, Packing, Slot, pack, unpack
 from jaxort.training.pending import Pending
@@ -87,12 +88,12 @@ class CompiledSteps:
         """
         if type(state) is PackedState:
             if micro_batches == 1:
-                return self.get(StepKey(kind, state.packing))(state, *inputs)
+                return self.get(StepKey(kind, state.packing), state=state)(state, *inputs)
             new, outs = self.run(kind, unpack(state), inputs, micro_batches)
             return pack(new, state.packing), outs
         mesh = placement_of(state)
         if mesh is None:
-            return self.get(StepKey(kind, micro_batches=micro_batches))(state, *inputs)
+            return self.get(StepKey(kind, micro_batches=micro_batches), state=state)(state, *inputs)
         placement = Placement(mesh)
         state = _onto_mesh(state, placement)
         inputs = placement.place_batch(inputs, self.steps.eval_input_names if kind is StepKind.EVAL
@@ -108,7 +109,7 @@ class CompiledSteps:
         # Built as a plain tuple: StepKey's own constructor costs a microsecond on this hot path.
         key = tuple.__new__(StepKey, (StepKind.TRAIN_AFTER, state.packing if type(state) is PackedState else None,
                                       1, None, schedule, bool(pending.reset_grad)))
-        fn = self.get(key)
+        fn = self.get(key, state=state)
         return fn(state, *self._flag_arrays(pending), *inputs)
 
     def _flag_arrays(self, pending: Pending) -> tuple:
@@ -130,20 +131,25 @@ class CompiledSteps:
 
     # ------------------------------------------------------------------ compiling
 
-    def get(self, key: StepKey, placement: Optional[Placement] = None):
-        """The compiled step for ``key`` (compiled on first use; ``placement``: the mesh of a sharded key)."""
+    def get(self, key: StepKey, placement: Optional[Placement] = None, state=None):
+        """The compiled step for ``key`` (compiled on first use).
+
+        ``placement`` is the mesh of a sharded key; on first use the step is
+        traced for the platform of the mesh, or else of ``state``'s arrays
+        (:func:`jaxort.graph.lowering_platform`).
+        """
         fn = self._compiled.get(key)
         if fn is None:
-            fn = self._compile(key, placement)
+            fn = self._compile(key, placement, _platform(state, placement))
             with self._lock:
                 fn = self._compiled.setdefault(key, fn)
         return fn
 
-    def _compile(self, key: StepKey, placement: Optional[Placement]):
+    def _compile(self, key: StepKey, placement: Optional[Placement], platform: Optional[str] = None):
         kind, packing = key.kind, key.packing
         flat = packing is not None and self.flat_update_applies(packing)
         core = self._core(key, flat, packing)
-        counted = self._counted(kind, core)
+        counted = self._counted(kind, core, platform)
         if packing is not None:
             counted = _packed(counted, packing, kind)
         kwargs: dict[str, Any] = {} if kind is StepKind.EVAL else {"donate_argnums": 0}
@@ -181,10 +187,11 @@ class CompiledSteps:
             return steps.train_after(state, pending, inputs, schedule=key.schedule, select=select, flat=flat)
         return train_after
 
-    def _counted(self, kind: StepKind, fn: Callable) -> Callable:
+    def _counted(self, kind: StepKind, fn: Callable, platform: Optional[str] = None) -> Callable:
         def counted(*args):
             self.traces[kind] += 1  # runs when jit traces, once per compilation
-            return fn(*args)
+            with lowering_platform(platform):
+                return fn(*args)
         return counted
 
     def flat_update_applies(self, packing: Packing) -> bool:
@@ -201,6 +208,17 @@ class CompiledSteps:
         if moments is None or not slots.params:
             return False
         return packing.lies_flat([slots.params, slots.grads, *moments.values()])
+
+
+def _platform(state, placement: Optional[Placement]) -> Optional[str]:
+    """The platform a step over ``state`` compiles for: the mesh's, the state's arrays', or None (unknown)."""
+    if placement is not None:
+        return placement.mesh.devices.flat[0].platform
+    for leaf in jax.tree.leaves(state):
+        if isinstance(leaf, jax.Array):
+            platforms = {d.platform for d in leaf.devices()}
+            return platforms.pop() if len(platforms) == 1 else None
+    return None
 
 
 def _is_slot(x) -> bool:
