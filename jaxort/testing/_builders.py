@@ -364,7 +364,7 @@ def _flatten(b: _Builder):
     v = b.pick_or_fresh(lambda u: len(u.shape) >= 1, b.shape())
     r = len(v.shape)
     axis = b.maybe(b.draw(st.integers(-r, r)))
-    a = 1 if axis is None else axis % (r + 1) if axis < 0 else axis
+    a = 1 if axis is None else axis + r if axis < 0 else axis
     return b.node("Flatten", [v.name], (int(np.prod(v.shape[:a])), int(np.prod(v.shape[a:]))),
                   **_attrs(axis=axis))
 

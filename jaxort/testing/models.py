@@ -115,9 +115,14 @@ DIFFERENTIABLE_OPS = (
 _OPS = {op: spec for family in OP_FAMILIES.values() for op, spec in family.items()}
 
 
+_FLOAT_TYPE_STRS = frozenset(f"tensor({t})" for t in ("float", "float16", "double", "bfloat16"))
+
+
 def _supports(op: str, opset: int, dtype: np.dtype) -> bool:
-    """Whether ``op``'s schema at ``opset`` (and its helpers') takes ``dtype`` as its first input,
-    and the installed reference evaluator computes ``op`` in it."""
+    """Whether ``op``'s schema at ``opset`` (and its helpers') takes ``dtype`` as its first input
+    and as every input that takes floats (the builders feed those the model's dtype: Pow's
+    exponent could not be bfloat16 before Pow-15), and the installed reference evaluator
+    computes ``op`` in it."""
     if dtype == np.dtype(np.float32):
         return True
     if _FLOAT32_HARD_SIGMOID and dtype == np.dtype(np.float16) and op in ("HardSigmoid", "HardSwish"):
@@ -125,10 +130,13 @@ def _supports(op: str, opset: int, dtype: np.dtype) -> bool:
     type_str = f"tensor({helper.tensor_dtype_to_string(_elem_type(dtype)).split('.')[-1].lower()})"
     for name in (op,) + _HELPER_OPS.get(op, ()):
         schema = onnx.defs.get_schema(name, opset)
-        first = schema.inputs[1 if name == "Where" else 0].type_str
-        allowed = next((c.allowed_type_strs for c in schema.type_constraints
-                        if c.type_param_str == first), [first])
-        if type_str not in allowed:
+        allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+
+        def takes(i: int) -> set:
+            return allowed.get(schema.inputs[i].type_str, {schema.inputs[i].type_str})
+        if type_str not in takes(1 if name == "Where" else 0):
+            return False
+        if any(takes(i) & _FLOAT_TYPE_STRS and type_str not in takes(i) for i in range(len(schema.inputs))):
             return False
     return True
 

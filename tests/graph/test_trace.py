@@ -543,6 +543,12 @@ def test_narrow_tensors_are_written_and_read_alike_whatever_the_installed_onnx(n
     back = tensor_to_numpy(t)
     assert back.dtype == dtype
     np.testing.assert_array_equal(back.astype(np.float32), values.astype(np.float32))
+    # A scalar stays a scalar (dims [], not [1]), and a transposed view is written in C order.
+    scalar = tensor_from_numpy(values[0, 0], "s")
+    assert list(scalar.dims) == [] and tensor_to_numpy(scalar).shape == ()
+    assert tensor_to_numpy(scalar).astype(np.float32) == values[0, 0].astype(np.float32)
+    np.testing.assert_array_equal(tensor_to_numpy(tensor_from_numpy(values.T, "t")).astype(np.float32),
+                                  values.T.astype(np.float32))
 
     if opset > onnx.defs.onnx_opset_version():
         return  # jaxort refuses models of opsets newer than the installed onnx (float4 needs 23)
