@@ -138,7 +138,7 @@ def tensor_from_numpy(array: np.ndarray, name: str = "") -> onnx.TensorProto:
     dtype = np.dtype(array.dtype)
     code = _NARROW_CODES.get(dtype)
     if code is not None and sys.byteorder == "little":
-        # tobytes() is C order for any array (np.ascontiguousarray would make a scalar [1])
+        array = np.asarray(array)  # not np.ascontiguousarray, which makes a scalar [1]; tobytes() is C order
         return _raw_tensor(name, code, array.shape, array.tobytes())
     code = _FOUR_BIT_CODES.get(dtype)
     if code is not None:
