@@ -192,7 +192,8 @@ def onnx_models(
         ``"shape"``, ``"normalization"``, ``"convolution"``, ``"control"``);
         default every op. Ops newer than the drawn opset are left out.
       max_nodes: most ops drawn (a drawn op may add one helper node, e.g. the
-        comparison before a Where).
+        comparison before a Where, or the Add of a ramp that keeps a
+        normalization's instances from being constant).
       dtypes: float dtype of the model's values, a sequence to draw from or a
         strategy; default float32, float64, float16 and bfloat16 (where onnx
         knows it).
