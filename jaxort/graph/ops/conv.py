@@ -247,12 +247,10 @@ def _cpu_plan(x, w, spec, preferred) -> _Plan | None:
     if not (few or strided):
         if small:
             return _Plan("xla", "xla", "columns")
-        # XLA's own passes on working-size maps, the input read once (XLA would recompute a
-        # residual stream's whole chain of elementwise producers in each pass); a 1x1
-        # convolution's filter gradient is one matrix product with its input.
-        if taps > 1 and not fence_operand:
-            return None
-        return _Plan("xla", "xla", "columns" if taps == 1 else "xla", fence_operand=fence_operand)
+        # XLA's own passes on working-size maps (pointwise ones took the product above), the
+        # input read once: XLA would recompute a residual stream's whole chain of elementwise
+        # producers in each pass.
+        return _Plan("xla", "xla", "xla", fence_operand=True) if fence_operand else None
     # A 1x1 convolution's columns are its input: one matrix product, nothing to slice or fence.
     if few and 1 < taps and cg * taps <= _TAP_TERMS and x.shape[0] * w.shape[0] * math.prod(out) >= _FENCE_ELEMENTS:
         forward, fence_input, fence_output = "taps", False, True
