@@ -443,7 +443,7 @@ def _image(b: _Builder, ranks=(3, 4)) -> _Value:
                            + tuple(b.draw(st.integers(3, 5)) for _ in range(2)))
 
 
-def _window(b: _Builder, spatial, dilation=True, same_pads=False):
+def _window(b: _Builder, spatial, dilation=True, same_pads=False, unpadded_1d_unit_steps=False):
     kernel = [b.draw(st.integers(1, min(3, s))) for s in spatial]
     strides = b.maybe([b.draw(st.integers(1, 2)) for _ in spatial])
     pads = b.maybe([b.draw(st.integers(0, k - 1)) for k in kernel] * 2)
@@ -457,6 +457,11 @@ def _window(b: _Builder, spatial, dilation=True, same_pads=False):
         dil = b.maybe([1 if (k - 1) * 2 + 1 > s else b.draw(st.integers(1, 2))
                        for k, s in zip(kernel, spatial)])
     st_, pd, dl = strides or [1] * len(spatial), pads or [0] * 2 * len(spatial), dil or [1] * len(spatial)
+    if unpadded_1d_unit_steps and len(spatial) == 1 and st_ == dl == [1]:
+        # ONNX's reference MaxPool (onnx 1.16-1.23) raises IndexError on a
+        # padded 1-D input with unit strides and dilations (its shared pooling
+        # path): such pools get no pads.
+        pads, pd = None, [0, 0]
     n = len(spatial)
     out = [(s + pd[i] + pd[i + n] - dl[i] * (kernel[i] - 1) - 1) // st_[i] + 1
            for i, s in enumerate(spatial)]
@@ -480,7 +485,8 @@ def _pool(op):
     def build(b: _Builder):
         v = _image(b)
         kernel, strides, pads, dil, out = _window(b, v.shape[2:], dilation=op == "MaxPool",
-                                                  same_pads=True)
+                                                  same_pads=True,
+                                                  unpadded_1d_unit_steps=op == "MaxPool")
         extra = {"count_include_pad": b.maybe(1)} if op == "AveragePool" else {}
         return b.node(op, [v.name], v.shape[:2] + tuple(out),
                       **_attrs(kernel_shape=kernel, strides=strides, pads=pads, dilations=dil, **extra))

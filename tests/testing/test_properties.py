@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import pytest
 from hypothesis import find, given, settings
+from hypothesis.errors import NoSuchExample
 from hypothesis import strategies as st
 
 import jaxort.graph._registry as registry
@@ -110,6 +111,30 @@ def test_flatten_declares_onnx_s_shapes_for_negative_axes():
         onnx.checker.check_model(model, full_check=True)
 
     check()
+
+
+def _one_d_max_pools(model):
+    for node in model.graph.node:
+        attrs = {a.name: list(a.ints) for a in node.attribute}
+        if node.op_type == "MaxPool" and len(attrs["kernel_shape"]) == 1:
+            yield attrs
+
+
+def test_a_one_d_max_pool_with_unit_steps_is_drawn_without_pads():
+    # ONNX's reference MaxPool raises IndexError on such a pool with pads (a `make fuzz`
+    # finding): the harness must not blame jaxort for the reference's crash.
+    def unit_steps_padded(model):
+        return any(any(a.get("pads", [0])) and a.get("strides", [1]) == a.get("dilations", [1]) == [1]
+                   for a in _one_d_max_pools(model))
+
+    with pytest.raises(NoSuchExample):
+        find(onnx_models(ops=["MaxPool", "Relu"], max_nodes=3), unit_steps_padded,
+             settings=settings(CI, max_examples=500))
+    model = find(onnx_models(ops=["MaxPool", "Relu"], max_nodes=3, dtypes=[np.float32]),
+                 lambda m: any(True for _ in _one_d_max_pools(m)), settings=settings(CI, max_examples=500))
+    rng = np.random.default_rng(0)
+    assert_matches_reference(model, [rng.standard_normal(_input_shape(i)).astype(np.float32)
+                                     for i in model.graph.input])
 
 
 @pytest.mark.parametrize("op", ["InstanceNormalization", "LayerNormalization"])
