@@ -14,6 +14,8 @@ Systems (each one skipped when its library does not import or it does not apply)
 - ``core_nofuse``: ``core`` with ``fuse=False`` (``--full`` only);
 - ``api_ort``: ``jaxort.api`` (Module + Optimizer + lazy_reset_grad) on ORT's artifacts;
 - ``api_own``: ``jaxort.api`` on the artifacts of ``jaxort.training.artifacts.generate_artifacts``;
+- ``api_steps``: ``jaxort.api``'s ``Module.train_steps`` (ORT's loop over ``STACKED`` stacked
+  batches in one call) on the core's artifacts, W5 only;
 - ``hand_jax``: W1-W4, W8, W9 in jax.numpy + optax.adamw under one jit, state donated
   (the recurrences as ``lax.scan``);
 - ``ort``: ``onnxruntime.training.api`` (one intra-op thread when pinned);
@@ -74,13 +76,15 @@ MODES = {
                  rounds=11, chunk=0.25, warmup=5, checkpoint_mb=256, soak_steps=20000,
                  extra=["core_nofuse"], skip_pinned=[]),
 }
-SYSTEMS = ("core", "core_steps", "core_nofuse", "api_ort", "api_own", "hand_jax", "ort", "torch")
+SYSTEMS = ("core", "core_steps", "core_nofuse", "api_ort", "api_own", "api_steps", "hand_jax", "ort", "torch")
 # The order of a round (rotated round by round, which keeps neighbours
 # neighbours): jaxort.api on ORT's artifacts between the two systems the
 # acceptance ratios compare it with, so each paired ratio comes from chunks
 # run one after the other.
-TIMING_ORDER = ("core", "core_steps", "core_nofuse", "api_own", "hand_jax", "api_ort", "ort", "torch")
+TIMING_ORDER = ("core", "core_steps", "core_nofuse", "api_own", "hand_jax", "api_ort", "ort", "api_steps",
+                "torch")
 LR = 1e-3
+STACKED = 100  # batches per call of api_steps
 
 
 def _rss_mb(field: str = "VmRSS") -> float:
@@ -188,7 +192,8 @@ def _make_systems(w, folders, pinned, wanted, warmup):
         train(0)
         made[name] = dict(train=train, eval=evaluate, setup_s=setup, first_train_s=first_train,
                           first_eval_s=first_eval, first_loss=first_loss,
-                          per_step=time.perf_counter() - start, rss_added_mb=_rss_mb() - rss0)
+                          per_step=(time.perf_counter() - start) / getattr(train, "steps_per_call", 1),
+                          rss_added_mb=_rss_mb() - rss0)
 
     own = folders.get("jaxort")
     ort_folder = folders.get("ort")
@@ -263,6 +268,19 @@ def _make_systems(w, folders, pinned, wanted, warmup):
                 return np.asarray(module(x, y)) if mode is None or mode else None
             return train, (evaluate if has_eval else None)
         return factory
+
+    def api_steps():
+        from jaxort.api import CheckpointState, Module, Optimizer
+
+        train_p, eval_p, opt_p, ck = _paths(core_folder)
+        module = Module(train_p, CheckpointState.load_checkpoint(ck), eval_p, "cpu")
+        Optimizer(opt_p, module)
+        stacked = [np.stack([batches[j % nb][k] for j in range(STACKED)]) for k in range(2)]
+
+        def train(i):
+            return np.asarray(module.train_steps(*stacked))[0]  # the loss of the call's first step
+        train.steps_per_call = STACKED
+        return train, None
 
     def hand_jax():
         import jax
@@ -341,6 +359,8 @@ def _make_systems(w, folders, pinned, wanted, warmup):
         add("api_ort", api(ort_folder, "jaxort"))
     if own:
         add("api_own", api(own, "jaxort"))
+    if core_folder and w.name == "W5":
+        add("api_steps", api_steps)
     add("hand_jax", hand_jax)
     if ort_folder:
         add("ort", api(ort_folder, "ort"))
@@ -349,10 +369,13 @@ def _make_systems(w, folders, pinned, wanted, warmup):
 
 
 def _timed(fn, steps, offset):
+    """Steps/s of ``steps`` steps of ``fn`` (which runs ``fn.steps_per_call`` steps a call, default 1)."""
+    per_call = getattr(fn, "steps_per_call", 1)
+    calls = max(1, steps // per_call)
     start = time.perf_counter()
-    for i in range(steps):
+    for i in range(calls):
         fn(offset + i)
-    return steps / (time.perf_counter() - start)
+    return calls * per_call / (time.perf_counter() - start)
 
 
 def run_config(name, threads, mode, folders) -> dict:
@@ -534,7 +557,7 @@ def _ratio(a_rounds, b_rounds):
 
 RATIOS = (("api_ort", "ort"), ("core", "ort"), ("api_own", "ort"), ("hand_jax", "ort"),
           ("api_ort", "hand_jax"), ("core", "hand_jax"), ("torch", "ort"), ("core_nofuse", "core"),
-          ("core_steps", "api_ort"))
+          ("core_steps", "api_ort"), ("api_steps", "ort"))
 
 
 def _add_ratios(config):
@@ -652,7 +675,8 @@ def _fmt(s, digits=None):
 
 
 LABELS = {"core": "core", "core_steps": "core 3 calls", "core_nofuse": "core fuse=False",
-          "api_ort": "api on ORT art.", "api_own": "api on own art.", "hand_jax": "hand-JAX",
+          "api_ort": "api on ORT art.", "api_own": "api on own art.",
+          "api_steps": f"api train_steps ×{STACKED}", "hand_jax": "hand-JAX",
           "ort": "ORT Training", "torch": "PyTorch eager"}
 
 

@@ -19,7 +19,7 @@ import onnx
 from jaxort import training as _training
 from jaxort.api._checkpoint_state import CheckpointState
 from jaxort.api._ortvalue import OrtValue
-from jaxort.errors import ArgumentTypeError, InputError
+from jaxort.errors import ArgumentTypeError, InputError, StateError
 from jaxort.graph import resolve_device
 
 __all__ = ["LinearLRScheduler", "Module", "Optimizer"]
@@ -114,6 +114,42 @@ class Module:
             outputs = self._read(lambda st: st.eval_step(inputs))
         if ort_values and all(ort_values):
             outputs = tuple(OrtValue(np.asarray(o)) for o in outputs)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def train_steps(self, *user_inputs) -> Union[np.ndarray, tuple[np.ndarray, ...]]:
+        """Runs ``k`` iterations of ORT's training loop in one call (a jaxort extension).
+
+        Each input holds ``k`` batches stacked along a new leading axis.
+        Each batch runs the loop ``module(*batch); optimizer.step();
+        scheduler.step(); module.lazy_reset_grad()`` (the scheduler step
+        only when a :class:`LinearLRScheduler` is registered), with the
+        numbers of those calls one by one; the gradients of the last batch
+        stay. One compiled call runs the ``k`` steps, so a small model
+        pays the cost of a call once, not once a step; it compiles once
+        per ``k``.
+
+        Args:
+          *user_inputs: user inputs then labels, each ``(k, *batch_shape)``:
+            numpy or JAX arrays, or OrtValues.
+
+        Returns:
+          The outputs stacked along the leading axis (shape ``(k, ...)``):
+          one array when the model has one output, else a tuple.
+
+        Raises:
+          InputError: wrong inputs (their leading lengths differ, or a batch
+            the train step refuses).
+          StateError: eval mode, no :class:`Optimizer` for this module, a
+            sharded module, or a nominal state.
+
+        Example:
+          >>> losses = module.train_steps(np.stack(xs), np.stack(labels))  # doctest: +SKIP
+        """
+        if not self.training:
+            raise StateError("train_steps runs train steps: the module is in eval mode, call module.train()")
+        inputs = tuple(x.numpy() if _is_ort_value(x) else x for x in user_inputs)
+        outputs = self._state.cell.step(lambda st: st.train_steps(inputs), owner=self, deferring=True,
+                                        owner_message=_OWNER_MESSAGE)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def train(self, mode: bool = True) -> "Module":

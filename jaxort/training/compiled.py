@@ -50,7 +50,7 @@ class StepKey(NamedTuple):
       packing: the :class:`Packing` of a packed state, or None for a TrainState.
       micro_batches: micro-batches of a train step.
       shardings: on a mesh ``(state treedef, state shardings, input shardings)``, else None.
-      schedule: the schedule of a ``TRAIN_AFTER`` step, or None.
+      schedule: the schedule of a ``TRAIN_AFTER`` or ``TRAIN_STEPS`` step, or None.
       reset_grad: a ``TRAIN_AFTER`` step that overwrites the gradients.
     """
 
@@ -78,8 +78,11 @@ class CompiledSteps:
 
     # ------------------------------------------------------------------ dispatch
 
-    def run(self, kind: StepKind, state, inputs: tuple, micro_batches: int = 1):
+    def run(self, kind: StepKind, state, inputs: tuple, micro_batches: int = 1, schedule=None):
         """Runs step ``kind`` (not ``TRAIN_AFTER``) on a state of any form.
+
+        ``schedule``: the learning-rate schedule a ``TRAIN_STEPS`` step
+        applies after each optimizer step, or None.
 
         A packed state runs the step unpacked and packed again inside the
         compiled program and comes back packed; with micro-batches it is
@@ -88,12 +91,12 @@ class CompiledSteps:
         """
         if type(state) is PackedState:
             if micro_batches == 1:
-                return self.get(StepKey(kind, state.packing), state=state)(state, *inputs)
-            new, outs = self.run(kind, unpack(state), inputs, micro_batches)
+                return self.get(StepKey(kind, state.packing, schedule=schedule), state=state)(state, *inputs)
+            new, outs = self.run(kind, unpack(state), inputs, micro_batches, schedule)
             return pack(new, state.packing), outs
         mesh = placement_of(state)
         if mesh is None:
-            return self.get(StepKey(kind, micro_batches=micro_batches), state=state)(state, *inputs)
+            return self.get(StepKey(kind, micro_batches=micro_batches, schedule=schedule), state=state)(state, *inputs)
         placement = Placement(mesh)
         state = _onto_mesh(state, placement)
         inputs = placement.place_batch(inputs, self.steps.eval_input_names if kind is StepKind.EVAL
@@ -174,7 +177,7 @@ class CompiledSteps:
         if kind is StepKind.TRAIN_AND_UPDATE:
             return lambda state, *inputs: steps.train_and_update(state, inputs, key.micro_batches, flat=flat)
         if kind is StepKind.TRAIN_STEPS:
-            return lambda state, *inputs: steps.train_steps(state, inputs, flat=flat)
+            return lambda state, *inputs: steps.train_steps(state, inputs, flat=flat, schedule=key.schedule)
         # A select runs the deferred optimizer step as one loop over the packed
         # buffer; with large tensors outside it, XLA's cond is faster (MLP
         # 784-500-10: select 1.95 ms, cond 1.59 ms a step; ResNet-18 at

@@ -455,7 +455,8 @@ class TrainProgram:
         inputs = self.check_inputs(inputs)
         return self._steps.run(StepKind.TRAIN_AND_UPDATE, state, inputs, self._micro(micro_batches, inputs))
 
-    def train_steps(self, state: TrainState, *inputs) -> tuple[TrainState, tuple]:
+    def train_steps(self, state: TrainState, *inputs,
+                    schedule: Callable | None = None) -> tuple[TrainState, tuple]:
         """:meth:`train_and_update` over several batches in one compiled call.
 
         Each input holds ``k`` batches stacked along a new leading axis; the
@@ -468,6 +469,10 @@ class TrainProgram:
         Args:
           state: the state (donated: use the returned one).
           *inputs: the user inputs and labels, each of shape ``(k, *batch_shape)``.
+          schedule: a learning-rate schedule of the step count (see
+            :func:`jaxort.training.apply_schedule`) applied after each
+            optimizer step, as ORT's loop does with a scheduler step; None
+            keeps the learning rate.
 
         Returns:
           ``(new_state, outputs)``, each output stacked: ``(k, *output_shape)``.
@@ -486,7 +491,7 @@ class TrainProgram:
         if type(state) is not PackedState and placement_of(state) is not None:
             raise TrainingError("train_steps runs on one device: step a sharded state with train_and_update")
         inputs = self._train_inputs.check_stacked(tuple(inputs))
-        return self._steps.run(StepKind.TRAIN_STEPS, state, inputs)
+        return self._steps.run(StepKind.TRAIN_STEPS, state, inputs, schedule=schedule)
 
     def train_step_after(self, state: TrainState, *inputs, optimizer_step: bool = False,
                          learning_rate: float | None = None, schedule: Callable | None = None,

@@ -552,6 +552,28 @@ class SessionState(NamedTuple):
         return (self.replace(train=st, has_grads=True, accumulating=True, pending=_NO_CALLS),
                 tuple([np.asarray(o) for o in outputs]))
 
+    def train_steps(self, inputs: Sequence[Any]) -> tuple["SessionState", tuple]:
+        """ORT's loop over ``k`` stacked batches in one compiled call; returns the new state and the stacked outputs.
+
+        Each batch runs a train step, an optimizer step, a scheduler step
+        when a schedule is registered, and a lazy reset
+        (:meth:`TrainProgram.train_steps`), after the pending calls. The
+        gradients of the last batch stay, as after ORT's loop.
+
+        Raises:
+          StateError: no optimizer model; a sharded or nominal state.
+        """
+        self._check_optimizer("run train steps", "as is")
+        if self.placement is not None:
+            raise StateError("train_steps runs on one device: run train_step and optimizer_step "
+                             "on a sharded session")
+        if len(inputs) != len(self.program.input_names):
+            _host_inputs(inputs, self.program.input_names, "the training model")  # raises
+        here = self.flushed()
+        st, outputs = self.program.train_steps(here._live("packed"), *inputs, schedule=self.schedule)
+        return (here.replace(train=st, has_grads=True, accumulating=False),
+                tuple([np.asarray(o) for o in outputs]))
+
     def defer(self, call: str, learning_rate: Optional[float] = None) -> "SessionState":
         """Records ``call`` (a name of :data:`jaxort.training.pending.ORDER`) to run before the next train step.
 

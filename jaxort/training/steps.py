@@ -21,7 +21,7 @@ from jaxort.graph import JaxGraph, NodeKey
 from jaxort.training.optimizers import OrtOptimizer, OptaxOptimizer, flat_update
 from jaxort.training.pending import Pending, run_pending
 from jaxort.training.precision import Policy
-from jaxort.training.state import TrainState
+from jaxort.training.state import TrainState, apply_schedule
 
 __all__ = ["Steps"]
 
@@ -225,10 +225,14 @@ class Steps:
         state = self.optimizer_step(state, flat=flat)
         return state.replace(accumulate=jnp.zeros_like(state.accumulate)), outs
 
-    def train_steps(self, state: TrainState, inputs, flat: bool = False):
+    def train_steps(self, state: TrainState, inputs, flat: bool = False, schedule=None):
         """:meth:`train_and_update` once per batch of ``inputs`` stacked along a leading axis
-        (a ``lax.scan``); the outputs come back stacked the same way."""
-        return jax.lax.scan(lambda s, batch: self.train_and_update(s, batch, 1, flat=flat), state, tuple(inputs))
+        (a ``lax.scan``), each followed by ``apply_schedule(state, schedule)`` when a schedule
+        is given; the outputs come back stacked the same way."""
+        def step(s, batch):
+            s, outs = self.train_and_update(s, batch, 1, flat=flat)
+            return (s if schedule is None else apply_schedule(s, schedule)), outs
+        return jax.lax.scan(step, state, tuple(inputs))
 
     def train_after(self, state: TrainState, pending: Pending, inputs, *, schedule=None,
                     select: bool = False, flat: bool = False):
