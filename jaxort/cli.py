@@ -36,6 +36,7 @@ import os
 import stat
 import sys
 import traceback
+import warnings
 from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["main"]
@@ -150,9 +151,13 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--additional-outputs", type=_names, action="extend", default=None, metavar="NAMES",
                      help="values the training and eval models return after the loss")
     gen.add_argument("--nominal-checkpoint", action="store_true", help="also write nominal_checkpoint")
-    gen.add_argument("--no-gradient-graph", dest="gradient_graph", action="store_false",
-                     help="write jaxort-only artifacts, without the gradient graph ONNX Runtime trains "
-                          "with (for models with ops that have no gradient rule yet)")
+    graph = gen.add_mutually_exclusive_group()
+    graph.add_argument("--gradient-graph", dest="gradient_graph", action="store_true", default=None,
+                       help="fail, naming the node, where the gradient graph ONNX Runtime trains with "
+                            "cannot be written (default: write jaxort-only artifacts and warn)")
+    graph.add_argument("--no-gradient-graph", dest="gradient_graph", action="store_false",
+                       help="write jaxort-only artifacts, without the gradient graph ONNX Runtime trains "
+                            "with")
     gen.add_argument("-o", "--out", required=True, metavar="DIR", help="directory to write (created)")
 
     for name, alias in (("inspect", []), ("summary", [])):
@@ -261,6 +266,7 @@ def _run_train(args) -> int:
 
 
 def _run_generate(args) -> None:
+    from jaxort.errors import NoGradientGraphWarning
     from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts
 
     _regular_file(args.model, "model")
@@ -268,11 +274,19 @@ def _run_generate(args) -> None:
     requires_grad = args.requires_grad
     if requires_grad is None:
         requires_grad = float_initializers(args.model, exclude=args.frozen or ())
-    arts = generate_artifacts(
-        args.model, requires_grad=requires_grad, frozen_params=args.frozen,
-        loss=LossType[args.loss], optimizer=OptimType[args.optimizer], artifact_directory=args.out,
-        additional_output_names=args.additional_outputs, nominal_checkpoint=args.nominal_checkpoint,
-        gradient_graph=args.gradient_graph)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NoGradientGraphWarning)
+        arts = generate_artifacts(
+            args.model, requires_grad=requires_grad, frozen_params=args.frozen,
+            loss=LossType[args.loss], optimizer=OptimType[args.optimizer], artifact_directory=args.out,
+            additional_output_names=args.additional_outputs, nominal_checkpoint=args.nominal_checkpoint,
+            gradient_graph=args.gradient_graph)
+    for w in caught:
+        if issubclass(w.category, NoGradientGraphWarning):
+            print(f"warning: jaxort-only artifacts, ONNX Runtime cannot train them: {w.message.reason} "
+                  "(--gradient-graph makes this an error)", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     for path in (arts.training_model, arts.eval_model, arts.optimizer_model, arts.checkpoint,
                  arts.nominal_checkpoint):
         if path is not None:

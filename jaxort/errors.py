@@ -23,6 +23,7 @@ __all__ = [
     "CheckpointError",
     "TrainingError",
     "StateError",
+    "NoGradientGraphWarning",
 ]
 
 
@@ -85,3 +86,22 @@ class TrainingError(JaxortError, ValueError):
 
 class StateError(JaxortError, RuntimeError):
     """A session call was made out of order (e.g. optimizer step before any train step)."""
+
+
+class NoGradientGraphWarning(UserWarning):
+    """Training artifacts were written without the gradient graph ONNX Runtime trains with.
+
+    jaxort trains such artifacts (it differentiates the forward graph itself);
+    ONNX Runtime refuses to load their training model.
+
+    Attributes:
+      reason: why the gradient graph could not be written (the TrainingError
+        ``gradient_graph=True`` raises, naming the node).
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(
+            f"wrote the training model without a gradient graph: {reason}. jaxort trains these artifacts; "
+            "ONNX Runtime refuses to load their training model. gradient_graph=True makes this an error, "
+            "gradient_graph=False skips the gradient graph without this warning")
+        self.reason = reason

@@ -215,8 +215,9 @@ def test_generate_artifacts_then_inspect_then_export(tmp_path, capsys):
 
 
 def test_generate_artifacts_names_an_op_without_a_gradient_rule(tmp_path, capsys):
-    # Hardmax has no gradient rule for ONNX Runtime's graph yet: one error line naming the
-    # node; --no-gradient-graph writes the jaxort-only files instead.
+    # Hardmax has no gradient rule for ONNX Runtime's graph yet: by default the jaxort-only
+    # files and one warning line naming the node; --gradient-graph makes it one error line;
+    # --no-gradient-graph writes the jaxort-only files without a word.
     rng = np.random.default_rng(0)
     w = onnx.numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
     graph = onnx.helper.make_graph(
@@ -227,13 +228,20 @@ def test_generate_artifacts_names_an_op_without_a_gradient_rule(tmp_path, capsys
     model = tmp_path / "m.onnx"
     onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), model)
     args = ["generate-artifacts", str(model), "--requires-grad", "w", "--loss", "MSELoss"]
-    assert main(args + ["-o", str(tmp_path / "a")]) == 1
+    assert main(args + ["--gradient-graph", "-o", str(tmp_path / "a")]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "'probs' (ai.onnx::Hardmax) has no gradient rule" in err
     assert not (tmp_path / "a").exists() or not list((tmp_path / "a").iterdir())
-    assert main(args + ["--no-gradient-graph", "-o", str(tmp_path / "b")]) == 0
-    train = onnx.load(tmp_path / "b" / "training_model.onnx")
-    assert [(n.domain, n.op_type) for n in train.graph.node if n.domain] == [("ai.jaxort", "NoGradientGraph")]
+    for flags, folder in (([], "b"), (["--no-gradient-graph"], "c")):
+        assert main(args + flags + ["-o", str(tmp_path / folder)]) == 0
+        train = onnx.load(tmp_path / folder / "training_model.onnx")
+        assert [(n.domain, n.op_type) for n in train.graph.node if n.domain] == [("ai.jaxort", "NoGradientGraph")]
+        err = capsys.readouterr().err.strip().splitlines()
+        if flags:
+            assert err == []
+        else:
+            assert len(err) == 1 and err[0].startswith("warning: jaxort-only artifacts, ONNX Runtime cannot")
+            assert "'probs' (ai.onnx::Hardmax) has no gradient rule" in err[0] and "--gradient-graph" in err[0]
 
 
 

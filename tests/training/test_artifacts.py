@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -415,3 +416,69 @@ def test_onnxblock_blocks_are_refused_not_taken_for_jax_losses(tmp_path):
     with pytest.raises(TrainingError, match=r"the optimizer AdamW is an onnxruntime.training.onnxblock block"):
         generate_artifacts(_mlp(), loss=LossType.MSELoss, optimizer=block("AdamW"), artifact_directory=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def _hard_swish_model(path):
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+         helper.make_node("HardSwish", ["h"], ["y"], name="act")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 3])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return numpy_helper.to_array(w)
+
+
+def test_an_op_without_a_rule_gives_jaxort_only_artifacts_and_a_warning_naming_it(tmp_path):
+    from jaxort.api import CheckpointState, Module
+    from jaxort.errors import NoGradientGraphWarning
+    from jaxort.training.artifacts.gradient import RULES
+
+    assert "HardSwish" not in RULES
+    w = _hard_swish_model(tmp_path / "m.onnx")
+    with pytest.warns(NoGradientGraphWarning, match=r"node 'act' \(ai.onnx::HardSwish\) has no gradient rule") \
+            as caught:
+        arts = generate_artifacts(tmp_path / "m.onnx", ["w"], loss=LossType.MSELoss, optimizer=OptimType.AdamW,
+                                  artifact_directory=tmp_path / "a")
+    assert "'act'" in caught[0].message.reason and caught[0].filename == __file__
+    assert arts.gradient_graph is False
+    train = onnx.load(arts.training_model)
+    assert [(n.domain, n.op_type) for n in train.graph.node if n.domain] == [("ai.jaxort", "NoGradientGraph")]
+    with pytest.raises(Exception, match="NoGradientGraph"):  # ONNX Runtime refuses rather than train on zeros
+        ort.InferenceSession(str(arts.training_model), providers=["CPUExecutionProvider"])
+
+    # jaxort trains them: the gradient of mean((hardswish(x @ w) - t)^2), written out in numpy.
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(5, 4)).astype(np.float32) * 3
+    t = rng.normal(size=(5, 3)).astype(np.float32)
+    state = CheckpointState.load_checkpoint(arts.checkpoint)
+    module = Module(str(arts.training_model), state, str(arts.eval_model))
+    loss = module(x, t)
+    h = x.astype(np.float64) @ w
+    y = h * np.clip(h / 6 + 0.5, 0, 1)
+    dy = 2 * (y - t) / y.size
+    dh = dy * np.where(h < -3, 0.0, np.where(h > 3, 1.0, h / 3 + 0.5))
+    np.testing.assert_allclose(loss, np.mean((y - t) ** 2), rtol=1e-5)
+    np.testing.assert_allclose(state.parameters["w"].grad, x.T @ dh, rtol=1e-4, atol=1e-6)
+
+    with pytest.raises(TrainingError, match=r"node 'act' \(ai.onnx::HardSwish\) has no gradient rule"):
+        generate_artifacts(tmp_path / "m.onnx", ["w"], loss=LossType.MSELoss, artifact_directory=tmp_path / "b",
+                           gradient_graph=True)
+    assert not (tmp_path / "b").exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        arts = generate_artifacts(tmp_path / "m.onnx", ["w"], loss=LossType.MSELoss,
+                                  artifact_directory=tmp_path / "c", gradient_graph=False)
+    assert arts.gradient_graph is False
+
+
+def test_a_model_with_every_rule_gets_the_gradient_graph_without_a_warning(tmp_path):
+    model = _mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        arts = generate_artifacts(model, float_initializers(model), loss=LossType.MSELoss,
+                                  artifact_directory=tmp_path)
+    assert arts.gradient_graph is True
+    ops = {n.op_type for n in onnx.load(arts.training_model).graph.node}
+    assert "InPlaceAccumulatorV2" in ops and "NoGradientGraph" not in ops

@@ -14,13 +14,14 @@ Part of the training layer: it imports onnx and the gradient graph only.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from typing import Optional
 
 import onnx
 from onnx import TensorProto, helper
 
-from jaxort.errors import TrainingError
+from jaxort.errors import NoGradientGraphWarning, TrainingError
 from jaxort.training.artifacts.export import trim_inference_batchnorm_outputs
 from jaxort.training.artifacts.gradient import add_gradient_graph, to_batch_norm_internal
 from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX, LAZY_RESET_GRAD
@@ -168,7 +169,7 @@ def _mark_no_gradient_graph(model: onnx.ModelProto, trainable: Sequence[str]) ->
 
 
 def training_and_eval(forward: onnx.ModelProto, outputs: Sequence[str], trainable: set, frozen: set, *,
-                      gradient_graph: bool = True, properties: Optional[dict] = None) -> tuple:
+                      gradient_graph: Optional[bool] = True, properties: Optional[dict] = None) -> tuple:
     """The training and eval models of a forward + loss model, in ORT's layout.
 
     Shared by :func:`~jaxort.training.artifacts.generate_artifacts` and
@@ -178,7 +179,10 @@ def training_and_eval(forward: onnx.ModelProto, outputs: Sequence[str], trainabl
       forward: the checked forward + loss model (not changed).
       outputs: the graph outputs, the loss first.
       trainable, frozen: the parameter names.
-      gradient_graph: write the gradient graph (else the NoGradientGraph marker).
+      gradient_graph: write the gradient graph (else the NoGradientGraph
+        marker); None: write it where every node on the loss path has a rule,
+        else warn (:class:`jaxort.errors.NoGradientGraphWarning`, naming the
+        node) and write the marker.
       properties: metadata props for both models.
 
     Returns:
@@ -206,9 +210,24 @@ def training_and_eval(forward: onnx.ModelProto, outputs: Sequence[str], trainabl
     training_model.graph.input.append(
         helper.make_tensor_value_info(LAZY_RESET_GRAD, TensorProto.BOOL, [1]))
     order = [vi.name for vi in training_model.graph.input if vi.name in trainable]
-    if gradient_graph and order:
+    if gradient_graph is None and order:
+        training_model = _with_gradient_graph_or_warn(training_model, outputs[0], order)
+    elif gradient_graph and order:
         to_batch_norm_internal(training_model)
         add_gradient_graph(training_model, outputs[0], order)
     else:
         _mark_no_gradient_graph(training_model, order)
     return training_model, eval_model, trainable_list, frozen_list
+
+
+def _with_gradient_graph_or_warn(model: onnx.ModelProto, loss: str, trainable: list) -> onnx.ModelProto:
+    """``model`` with the gradient graph, or with the NoGradientGraph marker and a warning when it cannot have one."""
+    work = copy.deepcopy(model)
+    try:
+        to_batch_norm_internal(work)
+        add_gradient_graph(work, loss, trainable)
+    except TrainingError as err:
+        warnings.warn(NoGradientGraphWarning(str(err)), stacklevel=5)
+        _mark_no_gradient_graph(model, trainable)
+        return model
+    return work

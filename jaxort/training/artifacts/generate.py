@@ -19,11 +19,14 @@ become ORT's ``com.microsoft::BatchNormInternal`` there, as in ORT's files
 (batch statistics, running statistics written back). jaxort itself never
 runs the gradient graph (it differentiates the forward + loss graph with
 ``jax.grad``). Where a
-node on the loss path has no rule yet, :func:`generate_artifacts` raises a
-TrainingError naming it before writing anything; ``gradient_graph=False``
-writes jaxort-only artifacts instead, whose accumulator outputs come from one
+node on the loss path has no rule yet, :func:`generate_artifacts` writes
+jaxort-only artifacts and warns (:class:`jaxort.errors.NoGradientGraphWarning`,
+naming the node): their accumulator outputs come from one
 ``ai.jaxort::NoGradientGraph`` node, so ONNX Runtime refuses the training
 model when it loads it instead of training it with zero gradients.
+``gradient_graph=True`` raises a TrainingError naming the node instead,
+before writing anything; ``gradient_graph=False`` writes jaxort-only
+artifacts without trying.
 
 A second, smaller one: in the eval model, a BatchNormalization that was in
 training mode loses its unused running-statistics outputs. ORT 1.19.2 keeps
@@ -50,7 +53,13 @@ from onnx import TensorProto
 from jaxort import checkpoint as _ckpt
 from jaxort.errors import TrainingError
 from jaxort.graph import check_graph_structure, default_opset, load_model
-from jaxort.training.artifacts.assemble import FLOAT_TYPES, check_generated, split_params, training_and_eval
+from jaxort.training.artifacts.assemble import (
+    FLOAT_TYPES,
+    NO_GRADIENT_OP,
+    check_generated,
+    split_params,
+    training_and_eval,
+)
 from jaxort.training.artifacts.blocks import Block, ForwardBlock, TrainingBlock, empty_base, output_names
 from jaxort.training.artifacts.blocks import base as base_context
 from jaxort.training.artifacts.blocks.loss import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss
@@ -102,6 +111,8 @@ class Artifacts:
       loss_fn: the JAX callable given as ``loss`` (None for a LossType).
       label_names: the label inputs: ``["labels"]`` or ``["target"]`` for a
         LossType, the callable's trailing parameter names for a custom loss.
+      gradient_graph: whether the training model holds the gradient graph
+        ONNX Runtime trains with (False: jaxort-only artifacts).
     """
 
     training_model: pathlib.Path
@@ -111,6 +122,7 @@ class Artifacts:
     nominal_checkpoint: Optional[pathlib.Path] = None
     loss_fn: Optional[Callable] = None
     label_names: tuple = ()
+    gradient_graph: bool = True
 
 
 def _find_output(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:
@@ -186,8 +198,8 @@ def _build(model, requires_grad, frozen_params, loss, additional_output_names, l
     extra = list(additional_output_names or [])
     n_inputs = len(base.graph.input)
     custom = _is_jax_loss(loss)
-    if gradient_graph is None:
-        gradient_graph = not custom
+    if gradient_graph is None and custom:
+        gradient_graph = False
     if gradient_graph and custom:
         raise TrainingError("gradient_graph=True needs a loss in ONNX (a LossType, an onnxblock Block, or None "
                             "with the loss as the model's first output); a JAX callable loss only trains in jaxort")
@@ -366,10 +378,14 @@ def generate_artifacts(
       loss_input_names: the values the loss reads (default: every graph
         output); a second name, if it is an existing value, is the label.
       gradient_graph: write the gradient graph ONNX Runtime trains with
-        (True), or jaxort-only artifacts that ORT refuses to load (False).
-        Default: True, except for a JAX callable loss (which has no ONNX
-        form). True raises a TrainingError naming the first node on the loss
-        path without a gradient rule (:data:`jaxort.training.artifacts.gradient.RULES`).
+        (True: a TrainingError names the first node on the loss path without
+        a gradient rule, :data:`jaxort.training.artifacts.gradient.RULES`), or
+        jaxort-only artifacts that ORT refuses to load (False). Default
+        (None): the gradient graph where every node on the loss path has a
+        rule, else jaxort-only artifacts and a
+        :class:`jaxort.errors.NoGradientGraphWarning` naming the node; a JAX
+        callable loss (which has no ONNX form) always writes jaxort-only ones.
+        :attr:`Artifacts.gradient_graph` says which was written.
 
     Returns:
       :class:`Artifacts` with the paths written (ORT returns None).
@@ -434,4 +450,5 @@ def generate_artifacts(
         nominal_checkpoint=paths["nominal_checkpoint"] if nominal_checkpoint else None,
         loss_fn=loss if custom else None,
         label_names=built.label_names,
+        gradient_graph=not any(n.op_type == NO_GRADIENT_OP for n in built.training_model.graph.node),
     )
