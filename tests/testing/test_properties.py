@@ -161,6 +161,47 @@ def test_random_differentiable_graphs_pass_the_gradient_check():
     _run(check, 40, share=0.3)
 
 
+def _clip_tie_model():
+    # Two Clips with the same upper bound: where the input is above it, the second
+    # Clip's input equals its bound (a `make fuzz` finding).
+    from onnx import TensorProto, helper, numpy_helper
+
+    bounds = [numpy_helper.from_array(np.float64(0.75), n) for n in ("hi1", "hi2")]
+    graph = helper.make_graph(
+        [helper.make_node("Clip", ["x", "", "hi1"], ["v"]), helper.make_node("Clip", ["v", "", "hi2"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 3])], bounds)
+    x = np.array([[0.5, -0.9, -1.8], [-1.9, 1.25, 1.65]])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), [x]
+
+
+def test_the_gradient_check_takes_a_one_sided_derivative_at_a_kink(monkeypatch):
+    model, inputs = _clip_tie_model()
+    grads = check_gradients(model, inputs)
+    # jaxort's Clip passes a tie's gradient to its input (as PyTorch's clamp does): the first
+    # bound takes all of it, and its central difference would be half.
+    cot = np.random.default_rng(0).standard_normal((2, 3))
+    np.testing.assert_allclose(grads["hi1"], cot[1, 1] + cot[1, 2])
+    np.testing.assert_allclose(grads["hi2"], 0.0)
+
+    real_lookup = registry.lookup
+
+    def lookup(domain, op_type, opset):  # a Clip that splits a tie's gradient 0.3 / 0.7: neither side
+        handler = real_lookup(domain, op_type, opset)
+        if op_type != "Clip" or handler is None:
+            return handler
+        import jax.numpy as jnp
+
+        def clip(x, lo=None, hi=None):
+            at = x == hi
+            return jnp.where(at, 0.3 * x + 0.7 * hi, handler.fn(x, lo, hi))
+        return dataclasses.replace(handler, fn=clip)
+
+    monkeypatch.setattr(registry, "lookup", lookup)
+    with pytest.raises(AssertionError, match="d/d hi"):
+        check_gradients(model, inputs)
+
+
 def test_random_checkpoint_states_round_trip():
     @given(checkpoint_states())
     def check(state):
