@@ -400,6 +400,30 @@ def _cases() -> list:
         # The gradient ops jaxort's generate_artifacts writes where ORT's gradient builder does.
         *_gradient_cases(f32),
         *_leaky_relu_grad_cases(),
+        *_slice_grad_cases(),
+    ]
+
+
+def _slice_grad_cases() -> list:
+    """SliceGrad (positive steps; ORT 1.19.2's kernel fails on negative ones). Their own seed."""
+    rng = np.random.default_rng(43)
+    i64 = np.int64
+
+    def case(name, shape, starts, ends, axes=None, steps=None):
+        x = np.zeros(shape, np.float32)
+        index = [slice(None)] * len(shape)
+        for k, (b, e) in enumerate(zip(starts, ends)):
+            index[axes[k] if axes is not None else k] = slice(b, e, 1 if steps is None else steps[k])
+        dy = rng.standard_normal(x[tuple(index)].shape).astype(np.float32)
+        inputs = {"dy": dy, "shape": np.array(shape, i64), "starts": np.array(starts, i64),
+                  "ends": np.array(ends, i64), "axes": None if axes is None else np.array(axes, i64),
+                  "steps": None if steps is None else np.array(steps, i64)}
+        return (name, "SliceGrad", MS, 17, inputs, ["dx"], {})
+
+    return [
+        case("slice_grad", (4, 5), [1], [3], [0]),
+        case("slice_grad_steps_negative_axes", (2, 5, 6), [1, -5], [100, -1], [-1, 1], [2, 3]),
+        case("slice_grad_no_axes", (3, 4), [0, 1], [2, 4]),
     ]
 
 

@@ -2,7 +2,7 @@
 
 The rules write standard ONNX ops and, where ORT's gradient builder uses one of
 ORT's gradient kernels (ConvGrad, BatchNormalizationGrad, LayerNormalizationGrad,
-SoftmaxGrad_13, FusedMatMul, GatherGrad, ReluGrad, SigmoidGrad, TanhGrad,
+SoftmaxGrad_13, FusedMatMul, GatherGrad, SliceGrad, ReluGrad, SigmoidGrad, TanhGrad,
 QuickGeluGrad, SoftmaxCrossEntropyLossGrad, Scale, LSTMGrad, GRUGrad), that
 kernel's node. With the accumulators cut off and ``<param>_grad`` made
 outputs, the graph runs in jaxort's executor (which implements those ops)
@@ -585,29 +585,76 @@ def _const(name, values):
     return N("Constant", [], [name], value=numpy_helper.from_array(np.asarray(values, np.int64)))
 
 
-@pytest.mark.parametrize("starts, ends, axes", [
-    ([1], [3], [0]), ([0, -3], [2, 100], [0, 1]), ([-100], [-1], [1]), ([2, 1], [1, 4], None)])
-def test_slice(starts, ends, axes):
+@pytest.mark.parametrize("starts, ends, axes, steps", [
+    ([1], [3], [0], None), ([0, -3], [2, 100], [0, 1], None), ([-100], [-1], [1], None), ([2, 1], [1, 4], None, None),
+    ([0], [4], [0], [2]), ([1, -4], [100, -1], [-1, 0], [3, 1]), ([0, 1], [4, 5], None, [2, 2])])
+def test_slice(starts, ends, axes, steps):
+    # ORT's SliceGrad(dY, Shape(x), starts, ends, axes, steps): any positive steps, negative axes.
     x = _rand(4, 5, seed=51)
-    inputs = ["x", "starts", "ends"] + (["axes"] if axes is not None else [])
-    nodes = [_const("starts", starts), _const("ends", ends)] + ([_const("axes", axes)] if axes is not None else []) \
-        + [N("Slice", inputs, ["y"])]
+    given = [("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps)]
+    if steps is not None and axes is None:
+        inputs = ["x", "starts", "ends", "", "steps"]
+    else:
+        inputs = ["x"] + [name for name, v in given if v is not None]
+    nodes = [_const(name, v) for name, v in given if v is not None] + [N("Slice", inputs, ["y"])]
 
     def ref(p, d):
         index = [slice(None)] * 2
-        for a, b, e in zip(axes if axes is not None else range(len(starts)), starts, ends):
-            index[a] = slice(b, e)
+        for a, b, e, k in zip(axes if axes is not None else range(len(starts)), starts, ends, steps or [1] * 4):
+            index[a] = slice(b, e, k)
         return p["x"][tuple(index)]
 
-    _check(nodes, {}, {"x": x}, ref)
+    model = _check(nodes, {}, {"x": x}, ref)
+    assert [n.op_type for n in model.graph.node if n.domain == "com.microsoft"] == ["SliceGrad", "InPlaceAccumulatorV2"]
 
 
-def test_a_slice_with_steps_is_named():
+def test_a_slice_with_negative_steps_is_named():
     x = _rand(4, 5, seed=52)
-    nodes = [_const("starts", [0]), _const("ends", [4]), _const("axes", [0]), _const("steps", [2]),
-             N("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"], name="strided")]
-    with pytest.raises(TrainingError, match=r"'strided' \(ai.onnx::Slice\) has steps \[2\]"):
-        _check(nodes, {}, {"x": x}, lambda p, d: p["x"][::2])
+    nodes = [_const("starts", [-1]), _const("ends", [-100]), _const("axes", [0]), _const("steps", [-1]),
+             N("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"], name="reversed")]
+    with pytest.raises(TrainingError, match=r"'reversed' \(ai.onnx::Slice\) has steps \[-1\]; ORT 1.19.2's"):
+        _check(nodes, {}, {"x": x}, lambda p, d: p["x"][::-1])
+
+
+def test_slice_and_layer_norm_need_no_static_shapes_and_run_at_two_batch_sizes(tmp_path):
+    # x's batch is symbolic and the LayerNormalization's input comes through a Reshape whose
+    # target is computed from Shape: ONNX's shape inference leaves its dims symbolic.
+    rng = np.random.default_rng(54)
+    w = numpy_helper.from_array(rng.normal(size=(6, 8)).astype(np.float32), "w")
+    scale = numpy_helper.from_array((1 + 0.1 * rng.normal(size=4)).astype(np.float32), "scale")
+    bias = numpy_helper.from_array((0.1 * rng.normal(size=4)).astype(np.float32), "bias")
+    nodes = [N("MatMul", ["x", "w"], ["h"]),
+             _const("starts", [1]), _const("ends", [100]), _const("axes", [-1]), _const("steps", [2]),
+             N("Slice", ["h", "starts", "ends", "axes", "steps"], ["s"], name="strided"),
+             N("Shape", ["s"], ["shape"]), _const("first", [0]), _const("one", [1]),
+             N("Slice", ["shape", "first", "one"], ["batch"]), _const("rest", [4]),
+             N("Concat", ["batch", "rest"], ["target"], axis=0),
+             N("Reshape", ["s", "target"], ["r"]),
+             N("LayerNormalization", ["r", "scale", "bias"], ["y"], axis=-1, name="norm"),
+             N("Sub", ["y", "t"], ["e"]), N("Mul", ["e", "e"], ["e2"]), N("ReduceMean", ["e2"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6]),
+                                           helper.make_tensor_value_info("t", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], [w, scale, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    arts = generate_artifacts(model, ["w", "scale", "bias"], artifact_directory=tmp_path)  # the model's own loss
+    assert arts.gradient_graph
+    training = onnx.load(arts.training_model)
+    assert {"SliceGrad", "LayerNormalizationGrad"} <= {n.op_type for n in training.graph.node}
+
+    def loss(p, x, t):
+        r = (x @ p["w"])[:, 1::2]
+        mean = r.mean(-1, keepdims=True)
+        y = (r - mean) / jnp.sqrt(((r - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * p["scale"] + p["bias"]
+        return jnp.mean((y - t) ** 2)
+
+    params = {k.name: numpy_helper.to_array(k) for k in (w, scale, bias)}
+    for n in (2, 5):
+        x, t = rng.normal(size=(n, 6)).astype(np.float32), rng.normal(size=(n, 4)).astype(np.float32)
+        want = jax.grad(loss)({k: jnp.asarray(v) for k, v in params.items()}, x, t)
+        for runner, run in _gradient_runs(training, list(params)).items():
+            for name, got in zip(params, run({"x": x, "t": t, **params})):
+                np.testing.assert_allclose(got, np.asarray(want[name]), rtol=1e-4, atol=1e-5,
+                                           err_msg=f"{name} at batch {n} ({runner})")
 
 
 # --------------------------------------------------------------------------- LSTM and GRU

@@ -100,8 +100,9 @@ def split(input, split=None, *, axis, num_outputs=None, ctx):
     return split_values(input, axis, sizes, n)
 
 
-def _slice(data, starts, ends, axes, steps):
-    rank = data.ndim
+def slice_index(shape, starts, ends, axes, steps) -> tuple:
+    """The index (a tuple of Python slices) ONNX's Slice reads from a tensor of ``shape``."""
+    rank = len(shape)
     if axes is None:
         axes = list(range(len(starts)))
     if steps is None:
@@ -112,7 +113,7 @@ def _slice(data, starts, ends, axes, steps):
     idx = [slice(None)] * rank
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = normalize_axis(a, rank)
-        dim = data.shape[a]
+        dim = shape[a]
         if st == 0:
             raise OpError(f"step is 0 on axis {a}")
         s = s + dim if s < 0 else s
@@ -122,7 +123,11 @@ def _slice(data, starts, ends, axes, steps):
         else:
             s, e = min(max(s, 0), dim - 1), min(max(e, -1), dim - 1)
         idx[a] = slice(s, e if e >= 0 else None, st)
-    return data[tuple(idx)]
+    return tuple(idx)
+
+
+def _slice(data, starts, ends, axes, steps):
+    return data[slice_index(data.shape, starts, ends, axes, steps)]
 
 
 @register("Slice", since=1)

@@ -24,7 +24,7 @@ from jaxort.graph import register, static_ints
 from jaxort.graph.ops._common import at_least_float32, channel_shape
 from jaxort.graph.ops.conv import conv
 from jaxort.graph.ops.dropout import dropout
-from jaxort.graph.ops.layout import concat_values, split_values
+from jaxort.graph.ops.layout import concat_values, slice_index, split_values
 from jaxort.graph.ops.loss import negative_log_likelihood_loss, softmax_cross_entropy_loss
 from jaxort.graph.ops.reduce import reduce_sum
 from jaxort.graph.ops.rnn import activations_per_direction, gru_scan, lstm_scan, prepare_sequences
@@ -481,6 +481,16 @@ def gather_grad(shape, indices, dy, *, axis=0):
     index = jnp.where(index < 0, index + dims[a], index)
     zeros = jnp.zeros(dims, dy.dtype)
     return zeros.at[(slice(None),) * a + (index,)].add(dy)
+
+
+@register("SliceGrad", since=1, domain=MS)
+def slice_grad(dy, shape, starts, ends, axes=None, steps=None):
+    """com.microsoft::SliceGrad-1: dY written into zeros of ``shape`` where Slice read."""
+    dims = static_ints(shape, "input 'shape'")
+    index = slice_index(dims, static_ints(starts, "input 'starts'"), static_ints(ends, "input 'ends'"),
+                        None if axes is None else static_ints(axes, "input 'axes'"),
+                        None if steps is None else static_ints(steps, "input 'steps'"))
+    return jnp.zeros(dims, dy.dtype).at[index].set(dy)
 
 
 @register("SigmoidGrad", since=1, domain=MS)

@@ -54,7 +54,7 @@ ORT_TRAINING_GRAPH_OPS = [
 NOT_ON_THE_FORWARD_PATH = {
     "InPlaceAccumulatorV2", "SoftmaxCrossEntropyLossGrad", "DropoutGrad", "BitmaskDropoutGrad",
     "GeluGrad", "QuickGeluGrad", "TanhGrad", "SigmoidGrad", "ReluGrad", "LeakyReluGrad", "ConvGrad",
-    "BatchNormalizationGrad", "GatherGrad", "LSTMGrad", "GRUGrad", "Scale", "SoftmaxGrad_13",
+    "BatchNormalizationGrad", "GatherGrad", "SliceGrad", "LSTMGrad", "GRUGrad", "Scale", "SoftmaxGrad_13",
     "LogSoftmaxGrad_13", "LayerNormalizationGrad", "YieldOp", "PassThrough", "RecordEvent", "WaitEvent",
 }
 
@@ -73,7 +73,8 @@ def test_listed_op_has_a_handler(domain, op, since):
 # them (jaxort/training/artifacts/gradient/), and so its tests and users can run those.
 GRADIENT_OPS_JAXORT_RUNS = {"LSTMGrad", "GRUGrad", "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "LeakyReluGrad",
                             "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale", "TanhGrad",
-                            "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad"}
+                            "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad",
+                            "SliceGrad"}
 
 
 def test_every_registered_microsoft_op_is_listed():

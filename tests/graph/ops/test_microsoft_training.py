@@ -32,7 +32,7 @@ COVERED_OPS = {
     # is in test_microsoft_fused.py): ORT's outputs in the fixtures; the graphs they make are checked against jax.grad in
     # tests/training/test_gradient_graph.py.
     "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "LeakyReluGrad", "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale",
-    "TanhGrad", "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad",
+    "TanhGrad", "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad", "SliceGrad",
 }
 _FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures" / "training_ops"
 _ORT = np.load(_FIXTURES / "ops.npz")
@@ -40,7 +40,7 @@ _CASES = json.loads((_FIXTURES / "cases.json").read_text())
 
 
 # Integer inputs that decide output shapes: initializers, so they stay static under jit.
-_SHAPE_INPUTS = ("split", "axes", "shape")
+_SHAPE_INPUTS = ("split", "axes", "shape", "starts", "ends", "steps")
 
 
 def _graph(op, inputs, outputs, attrs=None, *, domain=MS, opset=17, constants=_SHAPE_INPUTS):

@@ -8,6 +8,7 @@ Part of the training layer: it imports the rules' shared helpers only.
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
 from jaxort.training.artifacts.gradient._common import _attrs, _error, _filled, _ms_node, _unbroadcast
 
@@ -19,27 +20,23 @@ def _like_input(em, node, dys, needs):
 
 
 def _slice(em, node, dys, needs):
-    # dx is dy padded with zeros back to x's shape: static starts, ends, axes, steps of 1
-    # (as exporters slice parameters, e.g. PyTorch reordering an LSTM's gates).
-    dims = em.dims(node.input[0])
-    given = [em.static(i) if i else None for i in list(node.input[1:]) + [""] * (5 - len(node.input))]
-    starts, ends, axes, steps = given
-    if dims is None or any(not isinstance(d, int) for d in dims):
-        raise _error(node, "has an input of unknown shape")
-    if starts is None or ends is None or (node.input[3:4] and node.input[3] and axes is None) or \
-            (node.input[4:5] and node.input[4] and steps is None):
-        raise _error(node, "has starts, ends, axes or steps that are not constants")
-    axes = range(len(starts)) if axes is None else [int(a) % len(dims) for a in axes]
-    steps = [1] * len(starts) if steps is None else [int(k) for k in steps]
-    if any(k != 1 for k in steps):
-        raise _error(node, f"has steps {steps}; only steps of 1 have a gradient rule")
-    begin, after = [0] * len(dims), [0] * len(dims)
-    for axis, start, end in zip(axes, starts, ends):
-        dim = dims[axis]
-        start = min(max(int(start) + dim if start < 0 else int(start), 0), dim)
-        end = min(max(int(end) + dim if end < 0 else int(end), 0), dim)
-        begin[axis], after[axis] = start, dim - max(start, end)
-    return [em.op("Pad", [dys[0], em.ints(begin + after)])] + [None] * (len(node.input) - 1)
+    # SliceGrad(dY, Shape(x), starts, ends, axes, steps): dY written into zeros of x's shape
+    # at run time, as ORT's builder writes it, so no shape need be known here. ORT 1.19.2's
+    # kernel fails on negative steps ("narrowing_error"), so those are refused.
+    if node.input[4:5] and node.input[4]:
+        steps = em.static(node.input[4])
+        if steps is None:
+            raise _error(node, "has steps that are not constants (ORT's SliceGrad takes positive steps only)")
+        if any(int(k) < 0 for k in np.ravel(steps)):
+            raise _error(node, f"has steps {[int(k) for k in np.ravel(steps)]}; ORT 1.19.2's SliceGrad "
+                               "fails on negative steps")
+    bounds = [i for i in node.input[1:] if i]  # Slice-10+ (the rules need opset 13)
+    if len(bounds) < len(node.input) - 1:  # an absent axes before steps: all axes in order
+        zero, one = (em.const(v, TensorProto.INT64) for v in (0, 1))
+        bounds.insert(2, em.op("Range", [zero, em.op("Size", [node.input[1]]), one]))
+    out = em.name("SliceGrad")
+    _ms_node(em, "SliceGrad", [dys[0], em.op("Shape", [node.input[0]]), *bounds], [out], [])
+    return [out] + [None] * (len(node.input) - 1)
 
 
 def _expand(em, node, dys, needs):

@@ -26,7 +26,7 @@ def _layer_normalization(em, node, dys, needs):
         raise _error(node, "has an input of unknown rank")
     axis = int(_attrs(node).get("axis", -1)) % len(dims)
     for i, param in enumerate(node.input[1:3], 1):
-        if param and needs[i] and em.dims(param) != dims[axis:]:
+        if param and needs[i] and not _same_shape(em.dims(param), dims[axis:]):
             raise _error(node, f"has a {'scale' if i == 1 else 'bias'} of shape {em.dims(param)}, "
                                f"not the normalized shape {dims[axis:]}")
     outputs = list(node.output) + [""] * (3 - len(node.output))
@@ -36,6 +36,16 @@ def _layer_normalization(em, node, dys, needs):
     outs = [em.name("LayerNormalizationGrad") for _ in range(3)]
     _ms_node(em, "LayerNormalizationGrad", [dys[0], x, scale, *outputs[1:3]], outs, node.attribute)
     return [o if need else None for o, need in zip(outs, needs)]
+
+
+def _same_shape(dims, normalized) -> bool:
+    """Whether a scale or bias of ``dims`` is as large as the ``normalized`` shape (not broadcast).
+
+    A dimension shape inference left symbolic (behind Shape -> Concat -> Reshape
+    chains) matches any size but 1, which could be a broadcast.
+    """
+    return dims is not None and len(dims) == len(normalized) and all(
+        a == b or (not isinstance(b, int) and a != 1) for a, b in zip(dims, normalized))
 
 
 def _batch_norm_internal(em, node, dys, needs):
