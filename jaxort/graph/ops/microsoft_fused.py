@@ -191,6 +191,27 @@ def fused_conv(x, w, b=None, z=None, *, auto_pad="NOTSET", dilations=None, group
     return _activate(y, activation, _CONV_ACTIVATIONS, params).astype(x.dtype)
 
 
+# ---------------------------------------------------------------------------------- sums
+
+
+@register("ScaledSum", since=1, domain=MS)
+def scaled_sum(input0, input1, input2=None, *, scale_0, scale_1, scale_2=1.0):
+    """com.microsoft::ScaledSum-1: input0 * scale_0 + input1 * scale_1 (+ input2 * scale_2).
+
+    Written by ORT's ScaledSumFusion (scaled additions, DeBERTa's attention);
+    ORT has CUDA and ROCm kernels only, which take inputs of one shape and
+    compute in float32 for half types.
+    """
+    given = [x for x in (input0, input1, input2) if x is not None]
+    if any(x.shape != input0.shape for x in given):
+        raise OpError(f"inputs of shapes {[list(x.shape) for x in given]}: ScaledSum takes inputs of one shape")
+    wide = _wide(*given)
+    y = wide[0] * scale_0 + wide[1] * scale_1
+    if input2 is not None:
+        y = y + wide[2] * scale_2
+    return y.astype(input0.dtype)
+
+
 # ---------------------------------------------------------------------------------- softmax
 
 

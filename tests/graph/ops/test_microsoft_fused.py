@@ -214,6 +214,15 @@ def ref_bias_softmax(data, bias, axis=1, is_inner_broadcast=0):
     return [(e / e.sum(axis=1, keepdims=True)).reshape(data.shape).astype(data.dtype)]
 
 
+def ref_scaled_sum(a, b, c=None, scale_0=None, scale_1=None, scale_2=1.0):
+    # ORT's ScaledSum test reference (CUDA only): in0 * s0 + in1 * s1 (+ in2 * s2).
+    va, vb, vc = _f64(a, b, c)
+    y = va * np.float32(scale_0) + vb * np.float32(scale_1)
+    if c is not None:
+        y = y + vc * np.float32(scale_2)
+    return [y.astype(a.dtype)]
+
+
 def _np_layer_norm(v, scale, bias, axis, epsilon, simplified):
     """ORT's ComputeJob: mean and mean of squares per row, then sqrt(E[x^2] - mean^2 + eps)."""
     axis = axis % v.ndim
@@ -364,6 +373,17 @@ def fused_conv_case(draw):
 
 
 @st.composite
+def scaled_sum_case(draw):
+    dt, s = dtype(draw), shape(draw)
+    n = draw(st.integers(2, 3))
+    scales = [draw(st.sampled_from([0.5, -1.0, 0.125, 3.0])) for _ in range(n)]
+    attrs = {f"scale_{i}": v for i, v in enumerate(scales)}
+    if n == 3 and draw(st.booleans()):
+        del attrs["scale_2"]  # defaults to 1
+    return Case(tuple(arr(draw, dt, s) for _ in range(n)), attrs)
+
+
+@st.composite
 def bias_softmax_case(draw):
     dt = dtype(draw)
     # Bias rows both kept and broadcast (dims of 2 or more on each side of k), so that
@@ -423,8 +443,9 @@ CASES = {
     "TransposeMatMul": (matmul_case(batch_transposes=False), ref_fused_matmul, MS, 17, True),
     "FusedGemm": (fused_gemm_case(), ref_fused_gemm, MS, 17, True),
     "FusedConv": (fused_conv_case(), ref_fused_conv, MS, 17, True),
-    # onnxruntime has BiasSoftmax kernels for CUDA and ROCm only.
+    # onnxruntime has BiasSoftmax and ScaledSum kernels for CUDA and ROCm only.
     "BiasSoftmax": (bias_softmax_case(), ref_bias_softmax, MS, 17, False),
+    "ScaledSum": (scaled_sum_case(), ref_scaled_sum, MS, 17, False),
     # ORT's LayerNormalization-1 (default domain) is what opsets < 17 dispatch to.
     "LayerNormalization": (layer_norm_case(), ref_layer_norm, "", 16, True),
     "SimplifiedLayerNormalization": (layer_norm_case(simplified=True), ref_simplified_layer_norm,
@@ -532,6 +553,7 @@ GRAD_CASES = [
      {"pads": [1, 1, 1, 1], "strides": [2, 1], "activation": "HardSigmoid",
       "activation_params": [0.2, 0.5]}, 1),
     ("BiasSoftmax", (_r(2, 3, 4), _r(2, 1, 4, seed=1)), {"axis": 2, "is_inner_broadcast": 1}, 1),
+    ("ScaledSum", (_r(2, 3), _r(2, 3, seed=1), _r(2, 3, seed=2)), {"scale_0": 0.5, "scale_1": -2.0}, 1),
     ("BiasSoftmax", (_r(2, 3, 4), _r(3, 4, seed=1)), {"axis": 1, "is_inner_broadcast": 0}, 1),
     ("LayerNormalization", (_r(2, 3, 4), _r(3, 4, seed=1), _r(3, 4, seed=2)),
      {"axis": 1, "epsilon": 1e-3}, 3),

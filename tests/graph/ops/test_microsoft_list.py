@@ -41,6 +41,7 @@ ORT_TRAINING_GRAPH_OPS = [
     ("com.microsoft", "BitmaskDropout", 1),
     ("com.microsoft", "BitmaskBiasDropout", 1),
     ("com.microsoft", "BiasSoftmax", 1),
+    ("com.microsoft", "ScaledSum", 1),             # ScaledSumFusion (DeBERTa's scaled additions)
     ("com.microsoft", "FusedMatMul", 1),
     ("com.microsoft", "TransposeMatMul", 1),
     ("com.microsoft", "FusedGemm", 1),
