@@ -998,3 +998,31 @@ def test_a_bfloat16_model_s_gradient_graph_keeps_its_constants_bfloat16(tmp_path
     # bfloat16 keeps 8 bits of mantissa; the graph rounds at every op.
     np.testing.assert_allclose(np.asarray(state.grads["w"], np.float32), want, rtol=2e-2, atol=1e-2)
     np.testing.assert_allclose(float(loss), float(mse(jnp.asarray(w, jnp.float32))), rtol=2e-2)
+
+
+# --------------------------------------------------------------------------- ops ORT 1.19.2 has no rule for
+
+
+@pytest.mark.parametrize("attrs", [{}, {"alpha": 0.5, "beta": 0.25}])
+def test_hard_sigmoid(attrs):
+    x = _rand(3, 5, seed=60, low=-4, high=4)
+    alpha, beta = attrs.get("alpha", 0.2), attrs.get("beta", 0.5)
+    model = _check([N("HardSigmoid", ["x"], ["y"], **attrs)], {}, {"x": x},
+                   lambda p, d: jnp.clip(alpha * p["x"] + beta, 0.0, 1.0))
+    assert all(n.domain in ("", "ai.onnx") for n in model.graph.node if n.op_type != "InPlaceAccumulatorV2")
+
+
+def test_hard_swish():
+    x = _rand(4, 6, seed=61, low=-5, high=5)
+    _check([N("HardSwish", ["x"], ["y"])], {}, {"x": x},
+           lambda p, d: p["x"] * jnp.clip(p["x"] / 6 + 0.5, 0.0, 1.0))
+
+
+@pytest.mark.parametrize("a_shape, b_shape, cond_shape", [
+    ((3, 4), (3, 4), (3, 4)), ((3, 4), (4,), (3, 1)), ((1, 4), (3, 1), (3, 4)), ((), (2, 3), (3,))])
+def test_where_reduces_a_broadcast_input_s_gradient(a_shape, b_shape, cond_shape):
+    # ORT 1.19.2's own rule leaves it unreduced (docs/gradient-graph.md); the values here are jax.grad's.
+    a, b = _rand(*a_shape, seed=62), _rand(*b_shape, seed=63)
+    cond = np.random.default_rng(64).random(cond_shape) > 0.4
+    _check([N("Where", ["cond", "a", "b"], ["y"])], {"cond": cond}, {"a": a, "b": b},
+           lambda p, d: jnp.where(d["cond"], p["a"], p["b"]))

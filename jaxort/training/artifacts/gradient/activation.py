@@ -1,4 +1,4 @@
-"""Gradient rules of activations: Relu, Sigmoid, Tanh, LeakyRelu, Clip, Softmax, QuickGelu.
+"""Gradient rules of activations: Relu, Sigmoid, Tanh, LeakyRelu, Clip, HardSigmoid, HardSwish, Softmax, QuickGelu.
 
 Also the ``x * Sigmoid(x)`` -> com.microsoft QuickGelu fusion ORT's
 generate_artifacts runs before it builds the gradient graph.
@@ -21,6 +21,7 @@ from jaxort.training.artifacts.gradient._common import (
     _error,
     _ms_node,
     _output_kernel,
+    _scalar,
     _static,
 )
 
@@ -46,6 +47,25 @@ def _clip(em, node, dys, needs):
         return [dys[0]]
     mask = masks[0] if len(masks) == 1 else em.op("And", masks)
     return [em.op("Mul", [dys[0], em.op("Cast", [mask], to=em.elem_type(x))])] + [None] * (len(node.input) - 1)
+
+
+def _hard_sigmoid(em, node, dys, needs):
+    """alpha * dY where 0 < alpha * X + beta < 1 (read from Y), else 0: standard ops (ORT 1.19.2 has no rule)."""
+    y = node.output[0]
+    alpha = float(_attrs(node).get("alpha", 0.2))
+    inside = em.op("And", [em.op("Greater", [y, _scalar(em, 0.0, y)]), em.op("Less", [y, _scalar(em, 1.0, y)])])
+    slope = em.op("Mul", [em.op("Cast", [inside], to=em.elem_type(y)), _scalar(em, alpha, y)])
+    return [em.op("Mul", [dys[0], slope])]
+
+
+def _hard_swish(em, node, dys, needs):
+    """dY * (X / 3 + 1/2) for -3 < X < 3, dY above, 0 below: standard ops (ORT 1.19.2 has no rule)."""
+    x = node.input[0]
+    ramp = em.op("Add", [em.op("Mul", [x, _scalar(em, 1.0 / 3.0, x)]), _scalar(em, 0.5, x)])
+    slope = em.op("Where", [em.op("Less", [x, _scalar(em, -3.0, x)]), _scalar(em, 0.0, x),
+                            em.op("Where", [em.op("Greater", [x, _scalar(em, 3.0, x)]), _scalar(em, 1.0, x),
+                                            ramp])])
+    return [em.op("Mul", [dys[0], slope])]
 
 
 def _softmax(em, node, dys, needs):
@@ -124,6 +144,7 @@ def _fuse_quick_gelu(model: onnx.ModelProto) -> None:
 RULES: dict = {
     "Relu": _output_kernel("ReluGrad"), "Sigmoid": _output_kernel("SigmoidGrad"),
     "Tanh": _output_kernel("TanhGrad"), "LeakyRelu": _leaky_relu, "Clip": _clip,
+    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish,
     "Softmax": _softmax, "LogSoftmax": _softmax,
 }
 

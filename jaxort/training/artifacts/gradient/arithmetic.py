@@ -1,4 +1,4 @@
-"""Gradient rules of arithmetic and other elementwise ops: Add ... Pow, Erf, Identity, Cast, Dropout.
+"""Gradient rules of arithmetic and other elementwise ops: Add ... Pow, Erf, Where, Identity, Cast, Dropout.
 
 Part of the training layer: it imports the rules' shared helpers only.
 """
@@ -42,6 +42,19 @@ def _div(em, node, dys, needs):
 def _sum(em, node, dys, needs):
     return [_unbroadcast(em, node, dys[0], x, node.output[0]) if need else None
             for x, need in zip(node.input, needs)]
+
+
+def _where(em, node, dys, needs):
+    # dY where the condition picks the input, else 0, summed back over the axes along
+    # which the input was broadcast (ORT 1.19.2 leaves a broadcast input's gradient
+    # unreduced: docs/gradient-graph.md).
+    _, a, b = node.input
+    y = node.output[0]
+    cond = node.input[0]
+    zero = _scalar(em, 0.0, y)
+    return [None,
+            _unbroadcast(em, node, em.op("Where", [cond, dys[0], zero]), a, y) if needs[1] else None,
+            _unbroadcast(em, node, em.op("Where", [cond, zero, dys[0]]), b, y) if needs[2] else None]
 
 
 def _pow(em, node, dys, needs):
@@ -101,6 +114,6 @@ RULES: dict = {
     "Log": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, x])),
     "Sqrt": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, em.op("Mul", [_scalar(em, 2.0, y), y])])),
     "Reciprocal": _elementwise(lambda em, x, y, dy: em.op("Neg", [em.op("Mul", [dy, em.op("Mul", [y, y])])])),
-    "Pow": _pow, "Erf": _elementwise(_erf),
+    "Pow": _pow, "Erf": _elementwise(_erf), "Where": _where,
     "Identity": _identity, "Cast": _cast, "Dropout": _dropout,
 }
