@@ -1026,3 +1026,23 @@ def test_where_reduces_a_broadcast_input_s_gradient(a_shape, b_shape, cond_shape
     cond = np.random.default_rng(64).random(cond_shape) > 0.4
     _check([N("Where", ["cond", "a", "b"], ["y"])], {"cond": cond}, {"a": a, "b": b},
            lambda p, d: jnp.where(d["cond"], p["a"], p["b"]))
+
+
+@pytest.mark.parametrize("data_shape, indices", [
+    ((4, 3), np.array([[0], [2], [0], [-1]], np.int64)),          # rows, one repeated, one negative
+    ((2, 3, 4), np.array([[[0, 1], [1, 2]], [[1, 1], [0, 1]]], np.int64)),  # pairs, (0, 1) twice
+    ((3, 4), np.array([[1, 3], [2, 0], [1, 3]], np.int64)),       # elements
+])
+def test_gather_nd_adds_repeated_indices(data_shape, indices):
+    data = _rand(*data_shape, seed=65)
+    model = _check([N("GatherND", ["data", "indices"], ["y"])], {"indices": indices}, {"data": data},
+                   lambda p, d: p["data"][tuple(np.moveaxis(d["indices"] % np.array(data_shape[:indices.shape[-1]]),
+                                                            -1, 0))])
+    assert any(n.op_type == "ScatterND" for n in model.graph.node)
+
+
+def test_gather_nd_with_batch_dims_is_named():
+    nodes = [N("GatherND", ["data", "indices"], ["y"], batch_dims=1, name="batched")]
+    with pytest.raises(TrainingError, match=r"'batched' \(ai.onnx::GatherND\) has batch_dims != 0"):
+        _check(nodes, {"indices": np.array([[1], [0]], np.int64)}, {"data": _rand(2, 3, seed=66)},
+               lambda p, d: p["data"][np.arange(2), d["indices"][:, 0]])

@@ -1,4 +1,4 @@
-"""Gradient rules of shape and layout ops: Reshape-like ops, Expand, Transpose, Slice, Gather, Concat, Split.
+"""Gradient rules of shape and layout ops: Reshape-like ops, Expand, Transpose, Slice, Gather, GatherND, Concat, Split.
 
 Reshape-like: Flatten, Reshape, Squeeze, Unsqueeze.
 
@@ -61,6 +61,17 @@ def _gather(em, node, dys, needs):
     return [out, None]
 
 
+def _gather_nd(em, node, dys, needs):
+    # dY added into zeros of the data's shape where GatherND read (ScatterND-16's "add" sums
+    # repeated indices), in standard ops: ORT 1.19.2's GatherNDGrad is a CUDA kernel only.
+    if em.opset < 16:
+        raise _error(node, f"needs opset 16 or newer for its gradient (the model has {em.opset})")
+    if int(_attrs(node).get("batch_dims", 0)) != 0:
+        raise _error(node, "has batch_dims != 0; only batch_dims=0 has a gradient rule")
+    data, indices = node.input[:2]
+    return [em.op("ScatterND", [_filled(em, 0.0, data), indices, dys[0]], reduction="add"), None]
+
+
 def _concat(em, node, dys, needs):
     dims = em.dims(node.output[0])
     if dims is None:
@@ -91,5 +102,5 @@ def _split(em, node, dys, needs):
 RULES: dict = {
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
-    "Gather": _gather, "Concat": _concat, "Split": _split,
+    "Gather": _gather, "GatherND": _gather_nd, "Concat": _concat, "Split": _split,
 }
