@@ -401,6 +401,28 @@ def _cases() -> list:
         *_gradient_cases(f32),
         *_leaky_relu_grad_cases(),
         *_slice_grad_cases(),
+        *_gather_nd_grad_cases(),
+    ]
+
+
+def _gather_nd_grad_cases() -> list:
+    """GatherNDGrad, repeated and negative indices, with and without batch_dims. Their own seed."""
+    rng = np.random.default_rng(44)
+    i64 = np.int64
+
+    def f32(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    return [
+        ("gather_nd_grad", "GatherNDGrad", MS, 17,
+         {"shape": np.array([4, 3], i64), "indices": np.array([[0], [2], [0], [-1]], i64), "dy": f32(4, 3)},
+         ["dx"], {}),
+        ("gather_nd_grad_elements", "GatherNDGrad", MS, 17,
+         {"shape": np.array([2, 3, 4], i64), "indices": np.array([[[0, 1], [1, 2]], [[1, 1], [0, 1]]], i64),
+          "dy": f32(2, 2, 4)}, ["dx"], {}),
+        ("gather_nd_grad_batch_dims", "GatherNDGrad", MS, 17,
+         {"shape": np.array([2, 3, 4], i64), "indices": np.array([[[1], [1], [-1]], [[0], [2], [2]]], i64),
+          "dy": f32(2, 3, 4)}, ["dx"], {"batch_dims": 1}),
     ]
 
 

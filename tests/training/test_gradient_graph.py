@@ -2,7 +2,7 @@
 
 The rules write standard ONNX ops and, where ORT's gradient builder uses one of
 ORT's gradient kernels (ConvGrad, BatchNormalizationGrad, LayerNormalizationGrad,
-SoftmaxGrad_13, FusedMatMul, GatherGrad, SliceGrad, ReluGrad, SigmoidGrad, TanhGrad,
+SoftmaxGrad_13, FusedMatMul, GatherGrad, GatherNDGrad, SliceGrad, ReluGrad, SigmoidGrad, TanhGrad,
 QuickGeluGrad, SoftmaxCrossEntropyLossGrad, Scale, LSTMGrad, GRUGrad), that
 kernel's node. With the accumulators cut off and ``<param>_grad`` made
 outputs, the graph runs in jaxort's executor (which implements those ops)
@@ -1038,11 +1038,11 @@ def test_gather_nd_adds_repeated_indices(data_shape, indices):
     model = _check([N("GatherND", ["data", "indices"], ["y"])], {"indices": indices}, {"data": data},
                    lambda p, d: p["data"][tuple(np.moveaxis(d["indices"] % np.array(data_shape[:indices.shape[-1]]),
                                                             -1, 0))])
-    assert any(n.op_type == "ScatterND" for n in model.graph.node)
+    assert any(n.op_type == "GatherNDGrad" for n in model.graph.node)
 
 
-def test_gather_nd_with_batch_dims_is_named():
-    nodes = [N("GatherND", ["data", "indices"], ["y"], batch_dims=1, name="batched")]
-    with pytest.raises(TrainingError, match=r"'batched' \(ai.onnx::GatherND\) has batch_dims != 0"):
-        _check(nodes, {"indices": np.array([[1], [0]], np.int64)}, {"data": _rand(2, 3, seed=66)},
-               lambda p, d: p["data"][np.arange(2), d["indices"][:, 0]])
+def test_gather_nd_with_batch_dims():
+    data = _rand(2, 3, 4, seed=66)
+    indices = np.array([[[1], [1], [-1]], [[0], [2], [2]]], np.int64)
+    _check([N("GatherND", ["data", "indices"], ["y"], batch_dims=1)], {"indices": indices}, {"data": data},
+           lambda p, d: p["data"][np.arange(2)[:, None], d["indices"][..., 0] % 3])

@@ -483,6 +483,19 @@ def gather_grad(shape, indices, dy, *, axis=0):
     return zeros.at[(slice(None),) * a + (index,)].add(dy)
 
 
+@register("GatherNDGrad", since=1, domain=MS)
+def gather_nd_grad(shape, indices, dy, *, batch_dims=0):
+    """com.microsoft::GatherNDGrad-1: dY added into zeros of ``shape`` where GatherND read (repeats add)."""
+    dims = static_ints(shape, "input 'shape'")
+    b, k = batch_dims, indices.shape[-1]
+    index = jnp.asarray(indices).astype(jnp.int32)
+    index = jnp.where(index < 0, index + np.asarray(dims[b:b + k], np.int32), index)
+    lead = indices.shape[:-1]
+    batch = tuple(np.arange(n).reshape((n,) + (1,) * (len(lead) - 1 - i)) for i, n in enumerate(lead[:b]))
+    where = batch + tuple(index[..., j] for j in range(k))
+    return jnp.zeros(dims, dy.dtype).at[where].add(dy)
+
+
 @register("SliceGrad", since=1, domain=MS)
 def slice_grad(dy, shape, starts, ends, axes=None, steps=None):
     """com.microsoft::SliceGrad-1: dY written into zeros of ``shape`` where Slice read."""

@@ -55,7 +55,7 @@ ORT_TRAINING_GRAPH_OPS = [
 NOT_ON_THE_FORWARD_PATH = {
     "InPlaceAccumulatorV2", "SoftmaxCrossEntropyLossGrad", "DropoutGrad", "BitmaskDropoutGrad",
     "GeluGrad", "QuickGeluGrad", "TanhGrad", "SigmoidGrad", "ReluGrad", "LeakyReluGrad", "ConvGrad",
-    "BatchNormalizationGrad", "GatherGrad", "SliceGrad", "LSTMGrad", "GRUGrad", "Scale", "SoftmaxGrad_13",
+    "BatchNormalizationGrad", "GatherGrad", "GatherNDGrad", "SliceGrad", "LSTMGrad", "GRUGrad", "Scale", "SoftmaxGrad_13",
     "LogSoftmaxGrad_13", "LayerNormalizationGrad", "YieldOp", "PassThrough", "RecordEvent", "WaitEvent",
 }
 
@@ -75,7 +75,7 @@ def test_listed_op_has_a_handler(domain, op, since):
 GRADIENT_OPS_JAXORT_RUNS = {"LSTMGrad", "GRUGrad", "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "LeakyReluGrad",
                             "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale", "TanhGrad",
                             "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad",
-                            "SliceGrad"}
+                            "SliceGrad", "GatherNDGrad"}
 
 
 def test_every_registered_microsoft_op_is_listed():

@@ -33,6 +33,7 @@ COVERED_OPS = {
     # tests/training/test_gradient_graph.py.
     "ConvGrad", "BatchNormalizationGrad", "ReluGrad", "LeakyReluGrad", "SigmoidGrad", "QuickGeluGrad", "SoftmaxCrossEntropyLossGrad", "Scale",
     "TanhGrad", "SoftmaxGrad_13", "LogSoftmaxGrad_13", "LayerNormalizationGrad", "GatherGrad", "SliceGrad",
+    "GatherNDGrad",
 }
 _FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures" / "training_ops"
 _ORT = np.load(_FIXTURES / "ops.npz")

@@ -62,14 +62,12 @@ def _gather(em, node, dys, needs):
 
 
 def _gather_nd(em, node, dys, needs):
-    # dY added into zeros of the data's shape where GatherND read (ScatterND-16's "add" sums
-    # repeated indices), in standard ops: ORT 1.19.2's GatherNDGrad is a CUDA kernel only.
-    if em.opset < 16:
-        raise _error(node, f"needs opset 16 or newer for its gradient (the model has {em.opset})")
-    if int(_attrs(node).get("batch_dims", 0)) != 0:
-        raise _error(node, "has batch_dims != 0; only batch_dims=0 has a gradient rule")
-    data, indices = node.input[:2]
-    return [em.op("ScatterND", [_filled(em, 0.0, data), indices, dys[0]], reduction="add"), None]
+    # GatherNDGrad(Shape(data), indices, dY): dY added where GatherND read, repeated indices
+    # summed, as ORT's builder writes it.
+    out = em.name("GatherNDGrad")
+    _ms_node(em, "GatherNDGrad", [em.op("Shape", [node.input[0]]), node.input[1], dys[0]], [out],
+             [a for a in node.attribute if a.name == "batch_dims"])
+    return [out, None]
 
 
 def _concat(em, node, dys, needs):
