@@ -1046,3 +1046,56 @@ def test_gather_nd_with_batch_dims():
     indices = np.array([[[1], [1], [-1]], [[0], [2], [2]]], np.int64)
     _check([N("GatherND", ["data", "indices"], ["y"], batch_dims=1)], {"indices": indices}, {"data": data},
            lambda p, d: p["data"][np.arange(2)[:, None], d["indices"][..., 0] % 3])
+
+
+def _average_pool_ref(x, kernel, strides, pads, count_include_pad):
+    """AveragePool in jax.numpy: a window sum over the zero-padded input, divided by the window's count."""
+    n = len(kernel)
+    padding = [(0, 0), (0, 0)] + [(pads[i], pads[i + n]) for i in range(n)]
+    window = (1, 1) + tuple(kernel)
+    step = (1, 1) + tuple(strides)
+    total = jax.lax.reduce_window(x, 0.0, jax.lax.add, window, step, padding)
+    ones = jnp.ones((1, 1) + x.shape[2:], x.dtype)
+    counts = (np.prod(kernel) if count_include_pad
+              else jax.lax.reduce_window(ones, 0.0, jax.lax.add, window, step, padding))
+    return total / counts
+
+
+@pytest.mark.parametrize("shape, attrs", [
+    ((2, 3, 6, 5), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 3, 6, 5), {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 0, 1], "count_include_pad": 1}),
+    ((1, 2, 7, 7), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((2, 4, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 2]}),
+])
+def test_average_pool(shape, attrs):
+    x = _rand(*shape, seed=67)
+    n = len(attrs["kernel_shape"])
+    model = _check([N("AveragePool", ["x"], ["y"], **attrs)], {}, {"x": x},
+                   lambda p, d: _average_pool_ref(p["x"], attrs["kernel_shape"], attrs.get("strides", [1] * n),
+                                                  attrs.get("pads", [0] * 2 * n),
+                                                  attrs.get("count_include_pad", 0)))
+    assert any(n.op_type == "ConvTranspose" for n in model.graph.node)
+
+
+def test_average_pool_in_ceil_mode_is_named():
+    with pytest.raises(TrainingError, match=r"'pool' \(ai.onnx::AveragePool\) uses ceil_mode=1"):
+        _check([N("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1, name="pool")], {},
+               {"x": _rand(1, 2, 5, 5, seed=68)}, lambda p, d: p["x"][:, :, :3, :3])
+
+
+def test_a_value_of_unknown_type_still_carries_the_gradient():
+    # onnx's shape inference does not know com.microsoft::FusedMatMul, so it leaves its output
+    # untyped. Taking such a value for a non-float one would give w a gradient of zeros,
+    # silently; the writer must follow it, and name the node it cannot differentiate.
+    graph = helper.make_graph(
+        [N("MatMul", ["x", "w"], ["a"]), N("FusedMatMul", ["a", "x"], ["b"], domain="com.microsoft", transB=1),
+         N("ReduceSum", ["b"], ["loss"], keepdims=0, name="total")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 3]),
+         helper.make_tensor_value_info("w_grad.accumulation.buffer", TensorProto.FLOAT, [3, 3]),
+         helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(TrainingError, match=r"node 'total' \(ai.onnx::ReduceSum\) has an input of unknown rank"):
+        add_gradient_graph(model, "loss", ["w"])

@@ -173,12 +173,15 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
     em = _Emitter(work, _shapes(work), opset)
     forward = list(work.graph.node)
 
-    # Values that depend on a trainable parameter through floating-point tensors.
+    # Values that depend on a trainable parameter through floating-point tensors. A value
+    # whose type shape inference does not know (an output of an op onnx has no schema for)
+    # may be one: were it left out, the parameters behind it would get zero gradients.
     depends = set(trainable)
     captures = {id(node): _captured(node) for node in forward}
     for node in forward:
         if any(i in depends for i in node.input) or captures[id(node)] & depends:
-            depends.update(o for o in node.output if o and em.shapes.get(o, (0,))[0] in _FLOAT_TYPES)
+            depends.update(o for o in node.output
+                           if o and em.shapes.get(o, (0,))[0] in _FLOAT_TYPES_OR_UNKNOWN)
     grads: dict = {}
 
     def total(name: str) -> Optional[str]:
@@ -232,3 +235,4 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
 
 
 _FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+_FLOAT_TYPES_OR_UNKNOWN = _FLOAT_TYPES | {TensorProto.UNDEFINED}

@@ -1,4 +1,4 @@
-"""Gradient rules of reductions and pooling: ReduceSum, ReduceMean, MaxPool, GlobalAveragePool.
+"""Gradient rules of reductions and pooling: ReduceSum, ReduceMean, MaxPool, AveragePool, GlobalAveragePool.
 
 Part of the training layer: it imports onnx and the rules' shared helpers only.
 """
@@ -61,6 +61,50 @@ def _max_pool(em, node, dys, needs):
     return [em.op("Reshape", [scattered, em.op("Shape", [x])])]
 
 
+def _window_counts(sizes, kernel, strides, pads) -> np.ndarray:
+    """Input values (pads left out) under each window of an AveragePool, shape ``[1, 1, *out]``."""
+    n = len(sizes)
+    per_axis = []
+    for i, (size, k, s) in enumerate(zip(sizes, kernel, strides)):
+        begin = np.arange((size + pads[i] + pads[i + n] - k) // s + 1) * s - pads[i]
+        per_axis.append(np.minimum(begin + k, size) - np.maximum(begin, 0))
+    counts = per_axis[0]
+    for axis in per_axis[1:]:
+        counts = np.multiply.outer(counts, axis)
+    return counts.reshape((1, 1) + counts.shape)
+
+
+def _average_pool(em, node, dys, needs):
+    # dY divided by each window's count, spread back over its window: a depthwise
+    # ConvTranspose with a kernel of ones, in standard ops (ORT's AveragePoolGrad kernel
+    # crashes 1.19.2 where its output has no declared shape, as in a gradient graph).
+    x = node.input[0]
+    attrs = _attrs(node)
+    dims = em.dims(x)
+    if dims is None or not all(isinstance(d, int) and d > 0 for d in dims[1:]):
+        raise _error(node, f"has an input of shape {dims}; the rule needs its channels and spatial sizes")
+    kernel = [int(k) for k in attrs["kernel_shape"]]
+    n = len(kernel)
+    strides = [int(s) for s in attrs.get("strides", [1] * n)]
+    pads = [int(p) for p in attrs.get("pads", [0] * 2 * n)]
+    if attrs.get("ceil_mode", 0) or any(int(d) != 1 for d in attrs.get("dilations", [1] * n)):
+        raise _error(node, "uses ceil_mode=1 or dilations; the rule covers floor mode without dilations")
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+        raise _error(node, f"uses auto_pad={attrs['auto_pad']!r}; give its pads explicitly")
+    sizes, channels = dims[2:], dims[1]
+    t = em.elem_type(x)
+    if attrs.get("count_include_pad", 0):
+        counts = np.full((1,), np.prod(kernel))
+    else:
+        counts = _window_counts(sizes, kernel, strides, pads)
+    scaled = em.op("Div", [dys[0], em.const(counts, t)])
+    ones = em.const(np.ones([channels, 1] + kernel), t)
+    extra = [size + pads[i] + pads[i + n] - kernel[i] - ((size + pads[i] + pads[i + n] - kernel[i]) // strides[i])
+             * strides[i] for i, size in enumerate(sizes)]
+    return [em.op("ConvTranspose", [scaled, ones], group=channels, kernel_shape=kernel, strides=strides, pads=pads,
+                  output_padding=extra)]
+
+
 def _global_average_pool(em, node, dys, needs):
     # dY / (the pooled size), spread over X's shape: ORT's Scale, then Expand.
     x, y = node.input[0], node.output[0]
@@ -78,5 +122,5 @@ def _global_average_pool(em, node, dys, needs):
 #: op type -> rule.
 RULES: dict = {
     "ReduceSum": _reduce(mean=False), "ReduceMean": _reduce(mean=True),
-    "MaxPool": _max_pool, "GlobalAveragePool": _global_average_pool,
+    "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
 }
