@@ -1099,3 +1099,31 @@ def test_a_value_of_unknown_type_still_carries_the_gradient():
                                                     helper.make_opsetid("com.microsoft", 1)])
     with pytest.raises(TrainingError, match=r"node 'total' \(ai.onnx::ReduceSum\) has an input of unknown rank"):
         add_gradient_graph(model, "loss", ["w"])
+
+
+_SELU_ALPHA, _SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
+UNARY = [  # (op, attributes, jax.numpy reference, input range)
+    ("Sin", {}, jnp.sin, (-3, 3)), ("Cos", {}, jnp.cos, (-3, 3)), ("Tan", {}, jnp.tan, (-1.2, 1.2)),
+    ("Asin", {}, jnp.arcsin, (-0.9, 0.9)), ("Acos", {}, jnp.arccos, (-0.9, 0.9)), ("Atan", {}, jnp.arctan, (-3, 3)),
+    ("Sinh", {}, jnp.sinh, (-2, 2)), ("Cosh", {}, jnp.cosh, (-2, 2)), ("Asinh", {}, jnp.arcsinh, (-3, 3)),
+    ("Acosh", {}, jnp.arccosh, (1.1, 3)), ("Atanh", {}, jnp.arctanh, (-0.9, 0.9)),
+    ("Softplus", {}, jax.nn.softplus, (-4, 4)), ("Softsign", {}, jax.nn.soft_sign, (-4, 4)),
+    ("Elu", {}, jax.nn.elu, (-3, 3)),
+    ("Elu", {"alpha": 0.5}, lambda x: jax.nn.elu(x, 0.5), (-3, 3)),
+    ("Selu", {}, lambda x: _SELU_GAMMA * jnp.where(x > 0, x, _SELU_ALPHA * (jnp.exp(x) - 1)), (-3, 3)),
+    ("Selu", {"alpha": 2.0, "gamma": 3.0}, lambda x: 3.0 * jnp.where(x > 0, x, 2.0 * (jnp.exp(x) - 1)), (-3, 3)),
+    ("Celu", {"alpha": 2.0}, lambda x: jax.nn.celu(x, 2.0), (-3, 3)),
+    ("ThresholdedRelu", {"alpha": 0.5}, lambda x: jnp.where(x > 0.5, x, 0.0), (-2, 2)),
+    ("Mish", {}, lambda x: x * jnp.tanh(jax.nn.softplus(x)), (-4, 4)),
+    ("Floor", {}, jnp.floor, (-3, 3)), ("Round", {}, jnp.round, (-3, 3)),
+]
+
+
+@pytest.mark.parametrize("op, attrs, fn, bounds", UNARY, ids=[f"{u[0]}-{i}" for i, u in enumerate(UNARY)])
+def test_unary_elementwise(op, attrs, fn, bounds):
+    # x feeds the op through a MatMul with w, so the rules' dY is not all ones.
+    x = _rand(3, 4, seed=70, low=bounds[0], high=bounds[1])
+    w = np.eye(4, dtype=np.float32) + 0.1 * _rand(4, 4, seed=71)
+    u = x @ np.linalg.inv(w)  # so that u @ w stays within the op's domain
+    _check([N("MatMul", ["u", "w"], ["h"]), N(op, ["h"], ["y"], **attrs)], {"u": u.astype(np.float32)},
+           {"w": w}, lambda p, d: fn(d["u"] @ p["w"]), rtol=2e-4, opset=18 if op == "Mish" else 17)  # Mish-18

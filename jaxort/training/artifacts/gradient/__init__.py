@@ -46,7 +46,7 @@ from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
 from jaxort.graph import check_graph_structure, default_opset, normalize_domain
-from jaxort.training.artifacts.gradient import activation, arithmetic, layout, matmul, norm, reduce, rnn
+from jaxort.training.artifacts.gradient import activation, arithmetic, layout, matmul, norm, reduce, rnn, unary
 from jaxort.training.artifacts.gradient import loss as _loss
 from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _error, _filled
 from jaxort.training.artifacts.gradient.activation import _fuse_quick_gelu
@@ -78,7 +78,7 @@ def _merged(tables: Iterable[dict]) -> dict:
     return merged
 
 
-_FAMILIES = (arithmetic, activation, layout, reduce, matmul, norm, _loss, rnn)
+_FAMILIES = (arithmetic, unary, activation, layout, reduce, matmul, norm, _loss, rnn)
 
 #: op type -> rule, for default-domain nodes on the path from a parameter to the loss.
 RULES: dict = _merged(family.RULES for family in _FAMILIES)

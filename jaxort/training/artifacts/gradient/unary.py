@@ -1,0 +1,95 @@
+"""Gradient rules of one-input elementwise ops ORT 1.19.2 has no builder for, in standard ONNX ops.
+
+Trigonometric and hyperbolic functions and their inverses, Softplus,
+Softsign, Elu, Selu, Celu, ThresholdedRelu, Mish; and Sign, Floor, Ceil and
+Round, whose gradient is zero. Each rule is ``dY * f'(X)`` with ``f'``
+written from X (or the output Y, where that is cheaper).
+
+Part of the training layer: it imports the rules' shared helpers only.
+"""
+
+from __future__ import annotations
+
+from jaxort.training.artifacts.gradient._common import _attrs, _scalar
+
+
+def _times(fn):
+    """A rule for ``node``: ``dY * fn(em, node, x, y)``."""
+    def rule(em, node, dys, needs):
+        return [em.op("Mul", [dys[0], fn(em, node, node.input[0], node.output[0])])]
+    return rule
+
+
+def _op(em, op_type, *inputs, **attrs):
+    return em.op(op_type, list(inputs), **attrs)
+
+
+def _one_minus_square(em, v, like=None):
+    """1 - v^2, typed like ``like`` (a graph value; default ``v``)."""
+    return _op(em, "Sub", _scalar(em, 1.0, like or v), _op(em, "Mul", v, v))
+
+
+def _inverse_sqrt(em, value):
+    return _op(em, "Reciprocal", _op(em, "Sqrt", value))
+
+
+def _positive(em, x, then, otherwise):
+    """``then`` where X > 0, else ``otherwise``."""
+    return _op(em, "Where", _op(em, "Greater", x, _scalar(em, 0.0, x)), then, otherwise)
+
+
+def _elu(em, node, x, y):
+    alpha = float(_attrs(node).get("alpha", 1.0))
+    return _positive(em, x, _scalar(em, 1.0, x), _op(em, "Add", y, _scalar(em, alpha, x)))
+
+
+def _selu(em, node, x, y):
+    attrs = _attrs(node)
+    alpha = float(attrs.get("alpha", 1.67326319217681884765625))
+    gamma = float(attrs.get("gamma", 1.05070102214813232421875))
+    return _positive(em, x, _scalar(em, gamma, x), _op(em, "Add", y, _scalar(em, alpha * gamma, x)))
+
+
+def _celu(em, node, x, y):
+    alpha = float(_attrs(node).get("alpha", 1.0))
+    return _positive(em, x, _scalar(em, 1.0, x), _op(em, "Exp", _op(em, "Div", x, _scalar(em, alpha, x))))
+
+
+def _thresholded_relu(em, node, x, y):
+    alpha = float(_attrs(node).get("alpha", 1.0))
+    return _op(em, "Cast", _op(em, "Greater", x, _scalar(em, alpha, x)), to=em.elem_type(x))
+
+
+def _mish(em, node, x, y):
+    # tanh(softplus(x)) + x * sigmoid(x) * (1 - tanh(softplus(x))^2)
+    t = _op(em, "Tanh", _op(em, "Softplus", x))
+    return _op(em, "Add", t, _op(em, "Mul", _op(em, "Mul", x, _op(em, "Sigmoid", x)), _one_minus_square(em, t, x)))
+
+
+def _zero(em, node, dys, needs):
+    return [None]
+
+
+#: op type -> rule.
+RULES: dict = {
+    "Sin": _times(lambda em, node, x, y: _op(em, "Cos", x)),
+    "Cos": _times(lambda em, node, x, y: _op(em, "Neg", _op(em, "Sin", x))),
+    "Tan": _times(lambda em, node, x, y: _op(em, "Add", _scalar(em, 1.0, x), _op(em, "Mul", y, y))),
+    "Asin": _times(lambda em, node, x, y: _inverse_sqrt(em, _one_minus_square(em, x))),
+    "Acos": _times(lambda em, node, x, y: _op(em, "Neg", _inverse_sqrt(em, _one_minus_square(em, x)))),
+    "Atan": _times(lambda em, node, x, y: _op(em, "Reciprocal",
+                                              _op(em, "Add", _scalar(em, 1.0, x), _op(em, "Mul", x, x)))),
+    "Sinh": _times(lambda em, node, x, y: _op(em, "Cosh", x)),
+    "Cosh": _times(lambda em, node, x, y: _op(em, "Sinh", x)),
+    "Asinh": _times(lambda em, node, x, y: _inverse_sqrt(em, _op(em, "Add", _op(em, "Mul", x, x),
+                                                                 _scalar(em, 1.0, x)))),
+    "Acosh": _times(lambda em, node, x, y: _inverse_sqrt(em, _op(em, "Sub", _op(em, "Mul", x, x),
+                                                                 _scalar(em, 1.0, x)))),
+    "Atanh": _times(lambda em, node, x, y: _op(em, "Reciprocal", _one_minus_square(em, x))),
+    "Softplus": _times(lambda em, node, x, y: _op(em, "Sigmoid", x)),
+    "Softsign": _times(lambda em, node, x, y: _op(em, "Reciprocal", _op(
+        em, "Mul", *([_op(em, "Add", _scalar(em, 1.0, x), _op(em, "Abs", x))] * 2)))),
+    "Elu": _times(_elu), "Selu": _times(_selu), "Celu": _times(_celu),
+    "ThresholdedRelu": _times(_thresholded_relu), "Mish": _times(_mish),
+    "Sign": _zero, "Floor": _zero, "Ceil": _zero, "Round": _zero,
+}
