@@ -1127,3 +1127,23 @@ def test_unary_elementwise(op, attrs, fn, bounds):
     u = x @ np.linalg.inv(w)  # so that u @ w stays within the op's domain
     _check([N("MatMul", ["u", "w"], ["h"]), N(op, ["h"], ["y"], **attrs)], {"u": u.astype(np.float32)},
            {"w": w}, lambda p, d: fn(d["u"] @ p["w"]), rtol=2e-4, opset=18 if op == "Mish" else 17)  # Mish-18
+
+
+REDUCTIONS = [  # (op, jax.numpy reference over axes, keepdims)
+    ("ReduceMax", jnp.max), ("ReduceMin", jnp.min),
+    ("ReduceSumSquare", lambda x, axis, keepdims: jnp.sum(x * x, axis=axis, keepdims=keepdims)),
+    ("ReduceLogSumExp", jax.scipy.special.logsumexp),
+    ("ReduceLogSum", lambda x, axis, keepdims: jnp.log(jnp.sum(x, axis=axis, keepdims=keepdims))),
+    ("ReduceL1", lambda x, axis, keepdims: jnp.sum(jnp.abs(x), axis=axis, keepdims=keepdims)),
+    ("ReduceL2", lambda x, axis, keepdims: jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=keepdims))),
+]
+
+
+@pytest.mark.parametrize("op, fn", REDUCTIONS, ids=[r[0] for r in REDUCTIONS])
+@pytest.mark.parametrize("axes, keepdims", [([1], 1), ([0, -1], 0), (None, 0)])
+def test_reductions(op, fn, axes, keepdims):
+    low = 0.5 if op == "ReduceLogSum" else -2.0
+    x = _rand(3, 4, 5, seed=72, low=low, high=2.0)
+    attrs = {"keepdims": keepdims} | ({"axes": axes} if axes is not None else {})
+    axis = None if axes is None else tuple(a % 3 for a in axes)
+    _check([N(op, ["x"], ["y"], **attrs)], {}, {"x": x}, lambda p, d: fn(p["x"], axis=axis, keepdims=bool(keepdims)))

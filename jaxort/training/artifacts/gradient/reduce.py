@@ -1,4 +1,4 @@
-"""Gradient rules of reductions and pooling: ReduceSum, ReduceMean, MaxPool, AveragePool, GlobalAveragePool.
+"""Gradient rules of reductions and pooling: ReduceSum, ReduceMean, ReduceMax/Min, the other Reduce ops, pools.
 
 Part of the training layer: it imports onnx and the rules' shared helpers only.
 """
@@ -13,11 +13,11 @@ from onnx import helper
 from jaxort.training.artifacts.gradient._common import _attrs, _error, _filled, _ms_node, _second_output
 
 
-def _reduce(mean: bool) -> Callable:
+def _reduce(spread: Callable) -> Callable:
+    """A rule for a reduction: ``spread(em, x, y, dy)`` -> dX, with Y and dY of kept axes (rank of X)."""
     def rule(em, node, dys, needs):
         x, y = node.input[0], node.output[0]
         attrs = _attrs(node)
-        keepdims = attrs.get("keepdims", 1)
         axes = attrs.get("axes")
         if len(node.input) > 1 and node.input[1]:
             static = em.static(node.input[1])
@@ -27,22 +27,46 @@ def _reduce(mean: bool) -> Callable:
         dims = em.dims(x)
         if dims is None:
             raise _error(node, "has an input of unknown rank")
+        rest = [None] * (len(node.input) - 1)
         if not axes:
             if attrs.get("noop_with_empty_axes", 0):
-                return [dys[0]] + [None] * (len(node.input) - 1)
+                return [dys[0]] + rest
             axes = list(range(len(dims)))
         axes = sorted(int(a) % len(dims) for a in axes)
         dy = dys[0]
-        if not keepdims:
-            dy = em.op("Unsqueeze", [dy, em.ints(axes)])
-        if mean:  # as ORT's builder: dY scaled down by the (int64) count, then spread
-            count = em.op("Div", [em.op("Size", [x]), em.op("Size", [y])])
-            scaled = em.name("Scale")
-            _ms_node(em, "Scale", [dy, count], [scaled], [helper.make_attribute("scale_down", 1)])
-            dy = scaled
-        return [em.op("Expand", [dy, em.op("Shape", [x])])] + [None] * (len(node.input) - 1)
+        if not attrs.get("keepdims", 1):
+            dy, y = (em.op("Unsqueeze", [v, em.ints(axes)]) for v in (dy, y))
+        return [spread(em, x, y, dy)] + rest
 
     return rule
+
+
+def _sum(em, x, y, dy):
+    return em.op("Expand", [dy, em.op("Shape", [x])])
+
+
+def _mean(em, x, y, dy):
+    # As ORT's builder: dY scaled down by the (int64) count, then spread.
+    count = em.op("Div", [em.op("Size", [x]), em.op("Size", [y])])
+    scaled = em.name("Scale")
+    _ms_node(em, "Scale", [dy, count], [scaled], [helper.make_attribute("scale_down", 1)])
+    return _sum(em, x, y, scaled)
+
+
+def _chosen(em, x, y, dy):
+    # ReduceMax, ReduceMin: dY where X is the chosen value (every tie gets it, as ORT's Max and
+    # Min gradients do), in standard ops: ORT 1.19.2 has no rule for either.
+    return em.op("Mul", [em.op("Cast", [em.op("Equal", [x, y])], to=em.elem_type(x)), dy])
+
+
+#: Reductions whose gradient is ``dY * f(X, Y)``, in standard ops (ORT 1.19.2 has no rules).
+_SPREAD = {
+    "ReduceSumSquare": lambda em, x, y, dy: em.op("Mul", [dy, em.op("Add", [x, x])]),
+    "ReduceLogSumExp": lambda em, x, y, dy: em.op("Mul", [dy, em.op("Exp", [em.op("Sub", [x, y])])]),
+    "ReduceLogSum": lambda em, x, y, dy: _sum(em, x, y, em.op("Div", [dy, em.op("Exp", [y])])),
+    "ReduceL1": lambda em, x, y, dy: em.op("Mul", [dy, em.op("Sign", [x])]),
+    "ReduceL2": lambda em, x, y, dy: em.op("Mul", [dy, em.op("Div", [x, y])]),
+}
 
 
 def _max_pool(em, node, dys, needs):
@@ -121,6 +145,8 @@ def _global_average_pool(em, node, dys, needs):
 
 #: op type -> rule.
 RULES: dict = {
-    "ReduceSum": _reduce(mean=False), "ReduceMean": _reduce(mean=True),
+    "ReduceSum": _reduce(_sum), "ReduceMean": _reduce(_mean),
+    "ReduceMax": _reduce(_chosen), "ReduceMin": _reduce(_chosen),
+    **{op: _reduce(fn) for op, fn in _SPREAD.items()},
     "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
 }
