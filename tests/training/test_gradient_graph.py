@@ -1147,3 +1147,27 @@ def test_reductions(op, fn, axes, keepdims):
     attrs = {"keepdims": keepdims} | ({"axes": axes} if axes is not None else {})
     axis = None if axes is None else tuple(a % 3 for a in axes)
     _check([N(op, ["x"], ["y"], **attrs)], {}, {"x": x}, lambda p, d: fn(p["x"], axis=axis, keepdims=bool(keepdims)))
+
+
+@pytest.mark.parametrize("op, fn", [("Max", jnp.maximum), ("Min", jnp.minimum),
+                                    ("Mean", lambda a, b, c=None: (a + b + c) / 3)])
+def test_variadic_max_min_mean_with_broadcasting(op, fn):
+    a, b, c = _rand(3, 4, seed=73), _rand(4, seed=74), _rand(3, 1, seed=75)
+    if op == "Mean":
+        _check([N(op, ["a", "b", "c"], ["y"])], {}, {"a": a, "b": b, "c": c}, lambda p, d: fn(p["a"], p["b"], p["c"]))
+    else:
+        _check([N(op, ["a", "b", "c"], ["y"])], {}, {"a": a, "b": b, "c": c},
+               lambda p, d: fn(fn(p["a"], p["b"]), p["c"]))
+
+
+@pytest.mark.parametrize("slope_shape", [(4,), (3, 1), (1,)])
+def test_prelu(slope_shape):
+    x, slope = _rand(2, 3, 4, seed=76), _rand(*slope_shape, seed=77, low=0.1, high=0.5)
+    _check([N("PRelu", ["x", "slope"], ["y"])], {}, {"x": x, "slope": slope},
+           lambda p, d: jnp.where(p["x"] > 0, p["x"], p["slope"] * p["x"]))
+
+
+def test_tile():
+    x = _rand(2, 3, seed=78)
+    _check([_const("repeats", [3, 2]), N("Tile", ["x", "repeats"], ["y"])], {}, {"x": x},
+           lambda p, d: jnp.tile(p["x"], (3, 2)))

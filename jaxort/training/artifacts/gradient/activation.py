@@ -1,4 +1,4 @@
-"""Gradient rules of activations: Relu, Sigmoid, Tanh, LeakyRelu, Clip, HardSigmoid, HardSwish, Softmax, QuickGelu.
+"""Gradient rules of activations: Relu, Sigmoid, Tanh, LeakyRelu, PRelu, Clip, HardSigmoid, HardSwish, Softmax, QuickGelu.
 
 Also the ``x * Sigmoid(x)`` -> com.microsoft QuickGelu fusion ORT's
 generate_artifacts runs before it builds the gradient graph.
@@ -23,6 +23,7 @@ from jaxort.training.artifacts.gradient._common import (
     _output_kernel,
     _scalar,
     _static,
+    _unbroadcast,
 )
 
 
@@ -56,6 +57,19 @@ def _hard_sigmoid(em, node, dys, needs):
     inside = em.op("And", [em.op("Greater", [y, _scalar(em, 0.0, y)]), em.op("Less", [y, _scalar(em, 1.0, y)])])
     slope = em.op("Mul", [em.op("Cast", [inside], to=em.elem_type(y)), _scalar(em, alpha, y)])
     return [em.op("Mul", [dys[0], slope])]
+
+
+def _prelu(em, node, dys, needs):
+    """dY where X > 0, else slope * dY; the slope's gradient dY * X where X <= 0, summed where it was broadcast."""
+    x, slope = node.input
+    y = node.output[0]
+    positive = em.op("Greater", [x, _scalar(em, 0.0, x)])
+    dx = em.op("Mul", [dys[0], em.op("Where", [positive, _scalar(em, 1.0, x), slope])]) if needs[0] else None
+    ds = None
+    if needs[1]:
+        ds = _unbroadcast(em, node, em.op("Mul", [dys[0], em.op("Where", [positive, _scalar(em, 0.0, x), x])]),
+                          slope, y)
+    return [dx, ds]
 
 
 def _hard_swish(em, node, dys, needs):
@@ -144,7 +158,7 @@ def _fuse_quick_gelu(model: onnx.ModelProto) -> None:
 RULES: dict = {
     "Relu": _output_kernel("ReluGrad"), "Sigmoid": _output_kernel("SigmoidGrad"),
     "Tanh": _output_kernel("TanhGrad"), "LeakyRelu": _leaky_relu, "Clip": _clip,
-    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish,
+    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "PRelu": _prelu,
     "Softmax": _softmax, "LogSoftmax": _softmax,
 }
 

@@ -1,4 +1,4 @@
-"""Gradient rules of arithmetic and other elementwise ops: Add ... Pow, Erf, Where, Identity, Cast, Dropout.
+"""Gradient rules of arithmetic and other elementwise ops: Add ... Pow, Max, Min, Mean, Erf, Where, Cast, Dropout.
 
 Part of the training layer: it imports the rules' shared helpers only.
 """
@@ -57,6 +57,21 @@ def _where(em, node, dys, needs):
             _unbroadcast(em, node, em.op("Where", [cond, zero, dys[0]]), b, y) if needs[2] else None]
 
 
+def _chosen(em, node, dys, needs):
+    # Max, Min: dY where an input is the chosen value (every tie gets it, as ORT's builder
+    # does), summed over the axes along which the input was broadcast.
+    y = node.output[0]
+    return [_unbroadcast(em, node, em.op("Mul", [dys[0], em.op("Cast", [em.op("Equal", [x, y])],
+                                                                   to=em.elem_type(y))]), x, y)
+            if need else None for x, need in zip(node.input, needs)]
+
+
+def _mean(em, node, dys, needs):
+    y = node.output[0]
+    share = em.op("Div", [dys[0], _scalar(em, float(len(node.input)), y)])
+    return [_unbroadcast(em, node, share, x, y) if need else None for x, need in zip(node.input, needs)]
+
+
 def _pow(em, node, dys, needs):
     x, e = node.input
     if needs[1]:
@@ -108,6 +123,7 @@ def _dropout(em, node, dys, needs):
 #: op type -> rule.
 RULES: dict = {
     "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Sum": _sum,
+    "Max": _chosen, "Min": _chosen, "Mean": _mean,
     "Neg": _elementwise(lambda em, x, y, dy: em.op("Neg", [dy])),
     "Abs": _elementwise(lambda em, x, y, dy: em.op("Mul", [dy, em.op("Sign", [x])])),
     "Exp": _elementwise(lambda em, x, y, dy: em.op("Mul", [dy, y])),

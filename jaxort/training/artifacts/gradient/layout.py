@@ -1,4 +1,4 @@
-"""Gradient rules of shape and layout ops: Reshape-like ops, Expand, Transpose, Slice, Gather, GatherND, Concat, Split.
+"""Gradient rules of shape and layout ops: Reshape-like ops, Expand, Transpose, Slice, Gather, GatherND, Tile, Concat, Split.
 
 Reshape-like: Flatten, Reshape, Squeeze, Unsqueeze.
 
@@ -70,6 +70,21 @@ def _gather_nd(em, node, dys, needs):
     return [out, None]
 
 
+def _tile(em, node, dys, needs):
+    # dY seen as (repeat, size) pairs per axis, summed over the repeats: constant repeats,
+    # X's sizes read at run time.
+    x = node.input[0]
+    repeats = em.static(node.input[1])
+    if repeats is None:
+        raise _error(node, "has repeats that are not constant")
+    shape = em.op("Shape", [x])
+    pairs = []
+    for axis, r in enumerate(repeats.reshape(-1)):
+        pairs += [em.ints([int(r)]), em.op("Slice", [shape, em.ints([axis]), em.ints([axis + 1])])]
+    split = em.op("Reshape", [dys[0], em.op("Concat", pairs, axis=0)])
+    return [em.op("ReduceSum", [split, em.ints(list(range(0, 2 * repeats.size, 2)))], keepdims=0), None]
+
+
 def _concat(em, node, dys, needs):
     dims = em.dims(node.output[0])
     if dims is None:
@@ -100,5 +115,5 @@ def _split(em, node, dys, needs):
 RULES: dict = {
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
-    "Gather": _gather, "GatherND": _gather_nd, "Concat": _concat, "Split": _split,
+    "Gather": _gather, "GatherND": _gather_nd, "Concat": _concat, "Split": _split, "Tile": _tile,
 }
