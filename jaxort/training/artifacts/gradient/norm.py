@@ -1,4 +1,4 @@
-"""Gradient rules of LayerNormalization and com.microsoft BatchNormInternal.
+"""Gradient rules of LayerNormalization, InstanceNormalization and com.microsoft BatchNormInternal.
 
 Also :func:`to_batch_norm_internal`, which writes BatchNormalization nodes
 as the BatchNormInternal its rule reads, as ORT's generate_artifacts does.
@@ -36,6 +36,33 @@ def _layer_normalization(em, node, dys, needs):
     outs = [em.name("LayerNormalizationGrad") for _ in range(3)]
     _ms_node(em, "LayerNormalizationGrad", [dys[0], x, scale, *outputs[1:3]], outs, node.attribute)
     return [o if need else None for o, need in zip(outs, needs)]
+
+
+def _instance_normalization(em, node, dys, needs):
+    # The normalization backward over each (sample, channel)'s spatial values, in standard
+    # ops (ORT 1.19.2 has no rule): the statistics are recomputed from X.
+    x, scale, _ = node.input
+    dims = em.dims(x)
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    t = em.elem_type(x)
+    spatial = em.ints(list(range(2, len(dims))))
+    per_channel = em.ints([0] + list(range(2, len(dims))))
+
+    def mean(v):
+        total = em.op("ReduceSum", [v, spatial], keepdims=1)
+        return em.op("Div", [total, em.op("Cast", [em.op("Div", [em.op("Size", [v]), em.op("Size", [total])])], to=t)])
+
+    centred = em.op("Sub", [x, mean(x)])
+    eps = em.const(float(_attrs(node).get("epsilon", 1e-5)), t)
+    inv_std = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [mean(em.op("Mul", [centred, centred])), eps])])])
+    xhat = em.op("Mul", [centred, inv_std])
+    dy = dys[0]
+    g = em.op("Mul", [dy, em.op("Unsqueeze", [scale, per_channel])])
+    spread = em.op("Sub", [em.op("Sub", [g, mean(g)]), em.op("Mul", [xhat, mean(em.op("Mul", [g, xhat]))])])
+    return [em.op("Mul", [inv_std, spread]) if needs[0] else None,
+            em.op("ReduceSum", [em.op("Mul", [dy, xhat]), per_channel], keepdims=0) if needs[1] else None,
+            em.op("ReduceSum", [dy, per_channel], keepdims=0) if needs[2] else None]
 
 
 def _same_shape(dims, normalized) -> bool:
@@ -90,7 +117,7 @@ def to_batch_norm_internal(model: onnx.ModelProto) -> None:
 
 
 #: op type -> rule.
-RULES: dict = {"LayerNormalization": _layer_normalization}
+RULES: dict = {"LayerNormalization": _layer_normalization, "InstanceNormalization": _instance_normalization}
 
 #: com.microsoft op type -> rule.
 MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal}

@@ -59,6 +59,12 @@ def _chosen(em, x, y, dy):
     return em.op("Mul", [em.op("Cast", [em.op("Equal", [x, y])], to=em.elem_type(x)), dy])
 
 
+def _global_max_pool(em, node, dys, needs):
+    # dY where X is its channel's maximum (every tie gets it), spread over X's shape.
+    x = node.input[0]
+    return [_chosen(em, x, node.output[0], dys[0])]
+
+
 #: Reductions whose gradient is ``dY * f(X, Y)``, in standard ops (ORT 1.19.2 has no rules).
 _SPREAD = {
     "ReduceSumSquare": lambda em, x, y, dy: em.op("Mul", [dy, em.op("Add", [x, x])]),
@@ -149,4 +155,5 @@ RULES: dict = {
     "ReduceMax": _reduce(_chosen), "ReduceMin": _reduce(_chosen),
     **{op: _reduce(fn) for op, fn in _SPREAD.items()},
     "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
+    "GlobalMaxPool": _global_max_pool,
 }

@@ -1,7 +1,7 @@
 """Gradient rules of one-input elementwise ops ORT 1.19.2 has no builder for, in standard ONNX ops.
 
 Trigonometric and hyperbolic functions and their inverses, Softplus,
-Softsign, Elu, Selu, Celu, ThresholdedRelu, Mish; and Sign, Floor, Ceil and
+Softsign, Elu, Selu, Celu, ThresholdedRelu, Mish, Gelu-20; and Sign, Floor, Ceil and
 Round, whose gradient is zero. Each rule is ``dY * f'(X)`` with ``f'``
 written from X (or the output Y, where that is cheaper).
 
@@ -9,6 +9,8 @@ Part of the training layer: it imports the rules' shared helpers only.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from jaxort.training.artifacts.gradient._common import _attrs, _scalar
 
@@ -66,6 +68,24 @@ def _mish(em, node, x, y):
     return _op(em, "Add", t, _op(em, "Mul", _op(em, "Mul", x, _op(em, "Sigmoid", x)), _one_minus_square(em, t, x)))
 
 
+def _gelu(em, node, x, y):
+    """Gelu-20: Phi(x) + x * phi(x) (erf form), or the derivative of the tanh form."""
+    c = lambda v: _scalar(em, v, x)  # noqa: E731
+    if _attrs(node).get("approximate", "none") in ("tanh", b"tanh"):
+        # 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(sqrt(2/pi)(x + 0.044715 x^3))
+        k = float(np.sqrt(2 / np.pi))
+        x2 = _op(em, "Mul", x, x)
+        cubic = _op(em, "Mul", c(0.044715), _op(em, "Mul", x2, x))
+        t = _op(em, "Tanh", _op(em, "Mul", c(k), _op(em, "Add", x, cubic)))
+        inner = _op(em, "Mul", c(k), _op(em, "Add", c(1.0), _op(em, "Mul", c(3 * 0.044715), x2)))
+        return _op(em, "Add", _op(em, "Mul", c(0.5), _op(em, "Add", c(1.0), t)),
+                   _op(em, "Mul", _op(em, "Mul", c(0.5), x), _op(em, "Mul", _one_minus_square(em, t, x), inner)))
+    cdf = _op(em, "Mul", c(0.5), _op(em, "Add", c(1.0), _op(em, "Erf", _op(em, "Mul", x, c(float(1 / np.sqrt(2)))))))
+    gauss = _op(em, "Exp", _op(em, "Mul", c(-0.5), _op(em, "Mul", x, x)))
+    pdf = _op(em, "Mul", c(float(1 / np.sqrt(2 * np.pi))), gauss)
+    return _op(em, "Add", cdf, _op(em, "Mul", x, pdf))
+
+
 def _zero(em, node, dys, needs):
     return [None]
 
@@ -90,6 +110,6 @@ RULES: dict = {
     "Softsign": _times(lambda em, node, x, y: _op(em, "Reciprocal", _op(
         em, "Mul", *([_op(em, "Add", _scalar(em, 1.0, x), _op(em, "Abs", x))] * 2)))),
     "Elu": _times(_elu), "Selu": _times(_selu), "Celu": _times(_celu),
-    "ThresholdedRelu": _times(_thresholded_relu), "Mish": _times(_mish),
+    "ThresholdedRelu": _times(_thresholded_relu), "Mish": _times(_mish), "Gelu": _times(_gelu),
     "Sign": _zero, "Floor": _zero, "Ceil": _zero, "Round": _zero,
 }
