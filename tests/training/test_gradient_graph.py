@@ -1218,3 +1218,22 @@ def test_every_differentiable_op_has_a_rule_or_a_stated_reason():
     missing = sorted(op for op in DIFFERENTIABLE_OPS if op not in RULES and op not in NO_RULE)
     assert not missing, f"differentiable ops without a gradient rule or a reason in NO_RULE: {missing}"
     assert not set(NO_RULE) & set(RULES), "an op in NO_RULE has a rule now: drop it from the list"
+
+
+@pytest.mark.parametrize("pads, axes, opset", [([1, 0, 2, 3], None, 17), ([0, 2, 1, 0], None, 17),
+                                               ([2, 1], [-1], 18), ([1, 1, 0, 2], [2, 0], 18)])
+def test_constant_pad(pads, axes, opset):
+    x = _rand(3, 4, 2, seed=84) if axes is not None else _rand(3, 4, seed=84)
+    nodes = [_const("pads", pads)] + ([_const("axes", axes)] if axes is not None else [])
+    nodes.append(N("Pad", ["x", "pads", "", "axes"] if axes is not None else ["x", "pads"], ["y"]))
+    n = len(pads) // 2
+    width = [(0, 0)] * x.ndim
+    for i, a in enumerate(axes if axes is not None else range(n)):
+        width[a % x.ndim] = (pads[i], pads[i + n])
+    _check(nodes, {}, {"x": x}, lambda p, d: jnp.pad(p["x"], width), opset=opset)
+
+
+def test_a_reflect_pad_is_named():
+    nodes = [_const("pads", [1, 1, 1, 1]), N("Pad", ["x", "pads"], ["y"], mode="reflect", name="mirror")]
+    with pytest.raises(TrainingError, match=r"'mirror' \(ai.onnx::Pad\) pads in 'reflect' mode"):
+        _check(nodes, {}, {"x": _rand(3, 4, seed=85)}, lambda p, d: jnp.pad(p["x"], 1, mode="reflect"))

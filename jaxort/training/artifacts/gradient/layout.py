@@ -1,4 +1,4 @@
-"""Gradient rules of shape and layout ops: Reshape-like ops, Expand, Transpose, Slice, Gather, GatherND, Tile, Concat, Split.
+"""Gradient rules of shape and layout ops: Reshape-likes, Expand, Transpose, Slice, Pad, Gather(ND), Tile, Concat, Split.
 
 Reshape-like: Flatten, Reshape, Squeeze, Unsqueeze.
 
@@ -85,6 +85,29 @@ def _tile(em, node, dys, needs):
     return [em.op("ReduceSum", [split, em.ints(list(range(0, 2 * repeats.size, 2)))], keepdims=0), None]
 
 
+def _pad(em, node, dys, needs):
+    # Constant mode: dY without the padding, a Slice from the pads before to the pads after
+    # (constant, non-negative pads; an axes input from Pad-18 picks the axes they are for).
+    mode = _attrs(node).get("mode", b"constant")
+    if mode not in (b"constant", "constant"):
+        raise _error(node, f"pads in {mode.decode() if isinstance(mode, bytes) else mode!r} mode; only constant "
+                           "padding has a gradient rule")
+    pads = em.static(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    if pads is None or (pads < 0).any():
+        raise _error(node, "has pads that are not constant and non-negative")
+    pads = [int(p) for p in pads.reshape(-1)]
+    n = len(pads) // 2
+    axes = list(range(n))
+    if len(node.input) > 3 and node.input[3]:
+        given = em.static(node.input[3])
+        if given is None:
+            raise _error(node, "has axes that are not constant")
+        axes = [int(a) for a in given.reshape(-1)]
+    ends = [-p if p else np.iinfo(np.int64).max for p in pads[n:]]
+    dx = em.op("Slice", [dys[0], em.ints(pads[:n]), em.ints(ends), em.ints(axes)])
+    return [dx] + [None] * (len(node.input) - 1)
+
+
 def _concat(em, node, dys, needs):
     dims = em.dims(node.output[0])
     if dims is None:
@@ -115,5 +138,5 @@ def _split(em, node, dys, needs):
 RULES: dict = {
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
-    "Gather": _gather, "GatherND": _gather_nd, "Concat": _concat, "Split": _split, "Tile": _tile,
+    "Gather": _gather, "GatherND": _gather_nd, "Concat": _concat, "Split": _split, "Tile": _tile, "Pad": _pad,
 }
