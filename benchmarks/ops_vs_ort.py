@@ -84,7 +84,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -93,6 +92,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from suite import _cpu_model  # noqa: E402 - a script beside this one
 CACHE = os.path.join(ROOT, "build", "bench-scale")
 MODELS = ("S1", "S2", "S3")
 THREADS = ("default", "pinned")
@@ -800,18 +801,6 @@ def _instances(args) -> tuple:
     return timed, models
 
 
-def cpu_model() -> str:
-    """The processor's model name (Linux: /proc/cpuinfo), else what ``platform`` knows of it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def versions() -> dict:
     """The installed versions of the packages whose speed or numbers the report depends on."""
     import importlib.metadata as md
@@ -1002,7 +991,7 @@ def _orchestrate(args, argv, threads) -> int:
     report = {"command": _command(argv), "smoke": args.smoke, "columns": [list(c) for c in COLUMNS],
               "settings": {"rounds": args.rounds, "min_sample_ms": args.min_sample_ms, "top": args.top,
                            "fwd_tol": FWD_TOL, "bwd_tol": BWD_TOL, "opset": OPSET, "seed": SEED},
-              "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "versions": versions()},
+              "machine": {"cpus": os.cpu_count(), "cpu": _cpu_model(), "versions": versions()},
               "models": models, "configs": []}
     with tempfile.TemporaryDirectory(prefix="ops-vs-ort-") as folder:
         for t in threads:
