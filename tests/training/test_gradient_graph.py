@@ -1237,3 +1237,39 @@ def test_a_reflect_pad_is_named():
     nodes = [_const("pads", [1, 1, 1, 1]), N("Pad", ["x", "pads"], ["y"], mode="reflect", name="mirror")]
     with pytest.raises(TrainingError, match=r"'mirror' \(ai.onnx::Pad\) pads in 'reflect' mode"):
         _check(nodes, {}, {"x": _rand(3, 4, seed=85)}, lambda p, d: jnp.pad(p["x"], 1, mode="reflect"))
+
+
+def _conv_transpose_ref(x, w, strides, pads, dilations, group, output_padding):
+    """ConvTranspose by its definition: the adjoint in U of Conv(U, W) (jax.lax), at X."""
+    n = len(strides)
+    effective = [(k - 1) * d + 1 for k, d in zip(w.shape[2:], dilations)]
+    out = [s * (i - 1) + op + e - pads[a] - pads[a + n]
+           for a, (s, i, op, e) in enumerate(zip(strides, x.shape[2:], output_padding, effective))]
+    u0 = jnp.zeros((x.shape[0], w.shape[1] * group) + tuple(out), x.dtype)
+
+    def conv(u):
+        return jax.lax.conv_general_dilated(u, w, strides, [(pads[a], pads[a + n]) for a in range(n)],
+                                            rhs_dilation=dilations, feature_group_count=group)
+
+    return jax.vjp(conv, u0)[1](x)[0]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 3, 4, 4), (3, 2, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+    ((1, 4, 5, 3), (4, 3, 2, 3), {"strides": [1, 2], "pads": [0, 1, 1, 0], "dilations": [2, 1]}),
+    ((2, 4, 6), (4, 1, 3), {"strides": [2], "group": 2, "pads": [1, 1]}),
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_transpose(x_shape, w_shape, attrs, bias):
+    x, w = _rand(*x_shape, seed=86), _rand(*w_shape, seed=87)
+    n = len(x_shape) - 2
+    group = attrs.get("group", 1)
+    params = {"x": x, "w": w} | ({"b": _rand(w_shape[1] * group, seed=88)} if bias else {})
+    strides, pads = attrs.get("strides", [1] * n), attrs.get("pads", [0] * 2 * n)
+    dilations, output_padding = attrs.get("dilations", [1] * n), attrs.get("output_padding", [0] * n)
+
+    def ref(p, d):
+        y = _conv_transpose_ref(p["x"], p["w"], strides, pads, dilations, group, output_padding)
+        return y + p["b"].reshape((1, -1) + (1,) * n) if bias else y
+
+    _check([N("ConvTranspose", list(params), ["y"], **attrs)], {}, params, ref)

@@ -1,4 +1,4 @@
-"""Gradient rules of MatMul, Gemm and Conv.
+"""Gradient rules of MatMul, Gemm, Conv and ConvTranspose.
 
 Part of the training layer: it imports onnx, the graph layer's pad helper and
 the rules' shared helpers only.
@@ -99,6 +99,30 @@ def _conv(em, node, dys, needs):
     return [o or None for o in outs]
 
 
+def _conv_transpose(em, node, dys, needs):
+    # ConvTranspose(X, W) is the adjoint in U of Conv(U, W) with the same attributes, so
+    # dX = Conv(dY, W) and dW is that Conv's filter gradient with X as its output gradient:
+    # ConvGrad(X, dY, W)'s second output. ORT 1.19.2 has no rule for ConvTranspose.
+    attrs = _attrs(node)
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    if auto_pad not in (b"NOTSET", "NOTSET") or "output_shape" in attrs:
+        raise _error(node, "uses auto_pad or output_shape; the rule needs explicit pads")
+    kept = [a for a in node.attribute if a.name in ("kernel_shape", "strides", "pads", "dilations", "group")]
+    x, w = node.input[:2]
+    dx = em.op("Conv", [dys[0], w], **{a.name: helper.get_attribute_value(a) for a in kept}) if needs[0] else None
+    dw = None
+    if needs[1]:
+        dw = em.name("ConvGrad")
+        _ms_node(em, "ConvGrad", [x, dys[0], w], ["", dw, ""], kept)
+    db = None
+    if len(needs) > 2 and needs[2]:
+        dims = em.dims(node.output[0])
+        if dims is None:
+            raise _error(node, "has an output of unknown rank")
+        db = em.op("ReduceSum", [dys[0], em.ints([0] + list(range(2, len(dims))))], keepdims=0)
+    return [dx, dw] + ([db] if len(node.input) > 2 else [])
+
+
 def _same_pads(em, node, auto_pad: str) -> list:
     """The explicit pads (begins, then ends) of a Conv with auto_pad SAME_UPPER or SAME_LOWER."""
     sx, sw = em.dims(node.input[0]), em.dims(node.input[1])
@@ -114,4 +138,4 @@ def _same_pads(em, node, auto_pad: str) -> list:
 
 
 #: op type -> rule.
-RULES: dict = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv}
+RULES: dict = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose}
