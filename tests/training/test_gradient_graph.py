@@ -1273,3 +1273,46 @@ def test_conv_transpose(x_shape, w_shape, attrs, bias):
         return y + p["b"].reshape((1, -1) + (1,) * n) if bias else y
 
     _check([N("ConvTranspose", list(params), ["y"], **attrs)], {}, params, ref)
+
+
+def test_gather_elements_adds_repeated_indices():
+    data = _rand(3, 4, seed=89)
+    indices = np.array([[0, 2, 2, 1], [2, 2, 0, 0]], np.int64)
+    _check([N("GatherElements", ["data", "indices"], ["y"], axis=0)], {"indices": indices}, {"data": data},
+           lambda p, d: jnp.take_along_axis(p["data"], d["indices"], axis=0))
+
+
+@pytest.mark.parametrize("axis, largest", [(-1, 1), (0, 0)])
+def test_top_k(axis, largest):
+    x = _rand(4, 6, seed=90)
+    nodes = [_const("k", [3]), N("TopK", ["x", "k"], ["y", "i"], axis=axis, largest=largest)]
+
+    def ref(p, d):
+        moved = jnp.moveaxis(p["x"], axis, -1)
+        values = jax.lax.top_k(moved if largest else -moved, 3)[0]
+        return jnp.moveaxis(values if largest else -values, -1, axis)
+
+    model = _check(nodes, {}, {"x": x}, ref)
+    assert any(n.op_type == "ScatterElements" for n in model.graph.node)
+
+
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cum_sum(exclusive, reverse):
+    x = _rand(3, 5, seed=91)
+
+    def ref(p, d):
+        v = jnp.flip(p["x"], 1) if reverse else p["x"]
+        c = jnp.cumsum(v, axis=1)
+        if exclusive:
+            c = jnp.concatenate([jnp.zeros_like(c[:, :1]), c[:, :-1]], axis=1)
+        return jnp.flip(c, 1) if reverse else c
+
+    _check([_const("axis", 1), N("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)], {},
+           {"x": x}, ref)
+
+
+@pytest.mark.parametrize("upper, k", [(1, 0), (0, -1), (1, 2)])
+def test_trilu(upper, k):
+    x = _rand(2, 4, 5, seed=92)
+    _check([_const("k", k), N("Trilu", ["x", "k"], ["y"], upper=upper)], {}, {"x": x},
+           lambda p, d: jnp.triu(p["x"], k) if upper else jnp.tril(p["x"], k))

@@ -1,6 +1,8 @@
-"""Gradient rules of shape and layout ops: Reshape-likes, Expand, Transpose, Slice, Pad, Gather(ND), Tile, Concat, Split.
+"""Gradient rules of shape and layout ops: Reshape-likes, Expand, Transpose, Slice, Pad, Tile, Concat, Split.
 
-Reshape-like: Flatten, Reshape, Squeeze, Unsqueeze.
+Reshape-like: Flatten, Reshape, Squeeze, Unsqueeze. Also the ops that read or
+keep elements by index or position: Gather, GatherND, GatherElements, TopK,
+CumSum, Trilu.
 
 Part of the training layer: it imports the rules' shared helpers only.
 """
@@ -108,6 +110,42 @@ def _pad(em, node, dys, needs):
     return [dx] + [None] * (len(node.input) - 1)
 
 
+def _gather_elements(em, node, dys, needs):
+    # dY added into zeros of the data's shape where GatherElements read (ScatterElements-16's
+    # "add" sums repeated indices).
+    if em.opset < 16:
+        raise _error(node, f"needs opset 16 or newer for its gradient (the model has {em.opset})")
+    data, indices = node.input[:2]
+    return [em.op("ScatterElements", [_filled(em, 0.0, data), indices, dys[0]], reduction="add",
+                  axis=int(_attrs(node).get("axis", 0))), None]
+
+
+def _top_k(em, node, dys, needs):
+    # The values' gradient put back where TopK took them (its indices are distinct).
+    if dys[1] is not None:
+        raise _error(node, "has its indices output on the path to the loss")
+    x = node.input[0]
+    indices = node.output[1] if len(node.output) > 1 and node.output[1] else None
+    if indices is None:
+        raise _error(node, "has no indices output to put its gradient back with")
+    return [em.op("ScatterElements", [_filled(em, 0.0, x), indices, dys[0]], axis=int(_attrs(node).get("axis", -1))),
+            None]
+
+
+def _cum_sum(em, node, dys, needs):
+    # A cumulative sum the other way: each input adds to every output after it (before it, reversed).
+    attrs = _attrs(node)
+    out = em.op("CumSum", [dys[0], node.input[1]], exclusive=int(attrs.get("exclusive", 0)),
+                reverse=1 - int(attrs.get("reverse", 0)))
+    return [out, None]
+
+
+def _trilu(em, node, dys, needs):
+    # The same triangle of dY: Trilu keeps or zeroes each value, a linear mask.
+    return [em.op("Trilu", [dys[0]] + list(node.input[1:]), upper=int(_attrs(node).get("upper", 1)))] + \
+        [None] * (len(node.input) - 1)
+
+
 def _concat(em, node, dys, needs):
     dims = em.dims(node.output[0])
     if dims is None:
@@ -139,4 +177,5 @@ RULES: dict = {
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
     "Gather": _gather, "GatherND": _gather_nd, "Concat": _concat, "Split": _split, "Tile": _tile, "Pad": _pad,
+    "GatherElements": _gather_elements, "TopK": _top_k, "CumSum": _cum_sum, "Trilu": _trilu,
 }
