@@ -1316,3 +1316,19 @@ def test_trilu(upper, k):
     x = _rand(2, 4, 5, seed=92)
     _check([_const("k", k), N("Trilu", ["x", "k"], ["y"], upper=upper)], {}, {"x": x},
            lambda p, d: jnp.triu(p["x"], k) if upper else jnp.tril(p["x"], k))
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("ij,jk->ik", [(3, 4), (4, 5)]), ("bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)]),
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]), ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
+    ("i,j->ij", [(3,), (4,)])])
+def test_einsum(equation, shapes):
+    params = {f"x{i}": _rand(*s, seed=93 + i) for i, s in enumerate(shapes)}
+    _check([N("Einsum", list(params), ["y"], equation=equation)], {}, params,
+           lambda p, d: jnp.einsum(equation, *p.values()))
+
+
+def test_an_einsum_summing_a_letter_in_one_operand_alone_is_named():
+    with pytest.raises(TrainingError, match=r"'sum' \(ai.onnx::Einsum\) has operand 'ij'"):
+        _check([N("Einsum", ["a", "b"], ["y"], equation="ij,k->k", name="sum")], {},
+               {"a": _rand(2, 3, seed=97), "b": _rand(4, seed=98)}, lambda p, d: jnp.einsum("ij,k->k", p["a"], p["b"]))

@@ -1,4 +1,4 @@
-"""Gradient rules of MatMul, Gemm, Conv and ConvTranspose.
+"""Gradient rules of MatMul, Gemm, Einsum, Conv and ConvTranspose.
 
 Part of the training layer: it imports onnx, the graph layer's pad helper and
 the rules' shared helpers only.
@@ -123,6 +123,27 @@ def _conv_transpose(em, node, dys, needs):
     return [dx, dw] + ([db] if len(node.input) > 2 else [])
 
 
+def _einsum(em, node, dys, needs):
+    # Each operand's gradient is the Einsum of dY with the other operands, back to the
+    # operand's subscripts: every letter of it must be in the output or another operand, once.
+    equation = _attrs(node)["equation"]
+    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    if "->" not in equation or "." in equation:
+        raise _error(node, f"has the equation {equation!r}; the rule needs an explicit output and no ellipsis")
+    operands, out = equation.split("->")
+    terms = operands.split(",")
+    grads = []
+    for i, (term, need) in enumerate(zip(terms, needs)):
+        others = terms[:i] + terms[i + 1:]
+        seen = set(out).union(*map(set, others))
+        if need and (len(set(term)) != len(term) or not set(term) <= seen):
+            raise _error(node, f"has operand {term!r} of {equation!r}: a letter repeated in it or summed in it "
+                               "alone has no rule")
+        inputs = [dys[0]] + [x for j, x in enumerate(node.input) if j != i]
+        grads.append(em.op("Einsum", inputs, equation=",".join([out] + others) + "->" + term) if need else None)
+    return grads
+
+
 def _same_pads(em, node, auto_pad: str) -> list:
     """The explicit pads (begins, then ends) of a Conv with auto_pad SAME_UPPER or SAME_LOWER."""
     sx, sw = em.dims(node.input[0]), em.dims(node.input[1])
@@ -138,4 +159,5 @@ def _same_pads(em, node, auto_pad: str) -> list:
 
 
 #: op type -> rule.
-RULES: dict = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose}
+RULES: dict = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose,
+                 "Einsum": _einsum}
