@@ -1332,3 +1332,11 @@ def test_an_einsum_summing_a_letter_in_one_operand_alone_is_named():
     with pytest.raises(TrainingError, match=r"'sum' \(ai.onnx::Einsum\) has operand 'ij'"):
         _check([N("Einsum", ["a", "b"], ["y"], equation="ij,k->k", name="sum")], {},
                {"a": _rand(2, 3, seed=97), "b": _rand(4, seed=98)}, lambda p, d: jnp.einsum("ij,k->k", p["a"], p["b"]))
+
+
+def test_a_slice_with_an_empty_trailing_steps_input():
+    # ["x", "starts", "ends", "axes", ""]: the empty name is an absent steps, not a shifted axes.
+    x = _rand(4, 5, seed=99)
+    nodes = [_const("starts", [1]), _const("ends", [4]), _const("axes", [1]),
+             N("Slice", ["x", "starts", "ends", "axes", ""], ["y"])]
+    _check(nodes, {}, {"x": x}, lambda p, d: p["x"][:, 1:4])

@@ -32,10 +32,14 @@ def _slice(em, node, dys, needs):
         if any(int(k) < 0 for k in np.ravel(steps)):
             raise _error(node, f"has steps {[int(k) for k in np.ravel(steps)]}; ORT 1.19.2's SliceGrad "
                                "fails on negative steps")
-    bounds = [i for i in node.input[1:] if i]  # Slice-10+ (the rules need opset 13)
-    if len(bounds) < len(node.input) - 1:  # an absent axes before steps: all axes in order
+    given = list(node.input[1:]) + [""] * (5 - len(node.input))  # Slice-10+ (the rules need opset 13)
+    starts, ends, axes, steps = given[:4]
+    bounds = [starts, ends]
+    if steps and not axes:  # an absent axes before steps: all axes in order
         zero, one = (em.const(v, TensorProto.INT64) for v in (0, 1))
-        bounds.insert(2, em.op("Range", [zero, em.op("Size", [node.input[1]]), one]))
+        axes = em.op("Range", [zero, em.op("Size", [starts]), one])
+    bounds += [axes] if axes else []
+    bounds += [steps] if steps else []
     out = em.name("SliceGrad")
     _ms_node(em, "SliceGrad", [dys[0], em.op("Shape", [node.input[0]]), *bounds], [out], [])
     return [out] + [None] * (len(node.input) - 1)
