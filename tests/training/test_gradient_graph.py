@@ -1233,10 +1233,37 @@ def test_constant_pad(pads, axes, opset):
     _check(nodes, {}, {"x": x}, lambda p, d: jnp.pad(p["x"], width), opset=opset)
 
 
-def test_a_reflect_pad_is_named():
-    nodes = [_const("pads", [1, 1, 1, 1]), N("Pad", ["x", "pads"], ["y"], mode="reflect", name="mirror")]
-    with pytest.raises(TrainingError, match=r"'mirror' \(ai.onnx::Pad\) pads in 'reflect' mode"):
-        _check(nodes, {}, {"x": _rand(3, 4, seed=85)}, lambda p, d: jnp.pad(p["x"], 1, mode="reflect"))
+@pytest.mark.parametrize("mode", ["edge", "reflect"])
+@pytest.mark.parametrize("shape, pads, axes, opset", [
+    ((3, 4), [1, 0, 2, 3], None, 17),     # before and after on different axes; after > before
+    ((4, 5), [3, 2, 2, 4], None, 17),     # reflected regions overlap in x (3 + 2 > 5 - 2)
+    ((2, 3, 4), [2, 1], [-1], 18),        # one negative axis
+    ((3, 2, 5), [1, 1, 0, 2], [2, 0], 18),  # axes out of order
+    ((1, 6), [1, 0, 2, 0], None, 17),     # edge on a length-1 axis (reflect needs two values: one pad)
+])
+def test_edge_and_reflect_pad(mode, shape, pads, axes, opset):
+    if mode == "reflect" and shape == (1, 6):
+        shape, pads = (2, 6), [1, 0, 1, 0]
+    x = _rand(*shape, seed=86)
+    nodes = [_const("pads", pads)] + ([_const("axes", axes)] if axes is not None else [])
+    nodes.append(N("Pad", ["x", "pads", "", "axes"] if axes is not None else ["x", "pads"], ["y"], mode=mode))
+    n = len(pads) // 2
+    width = [(0, 0)] * x.ndim
+    for i, a in enumerate(axes if axes is not None else range(n)):
+        width[a % x.ndim] = (pads[i], pads[i + n])
+    _check(nodes, {}, {"x": x}, lambda p, d: jnp.pad(p["x"], width, mode=mode), opset=opset)
+
+
+def test_a_reflection_longer_than_its_axis_is_named():
+    nodes = [_const("pads", [0, 3, 0, 0]), N("Pad", ["x", "pads"], ["y"], mode="reflect", name="mirror")]
+    with pytest.raises(TrainingError, match=r"'mirror' \(ai.onnx::Pad\) reflects 3 values on axis 1 of length 3"):
+        _check(nodes, {}, {"x": _rand(2, 3, seed=87)}, lambda p, d: jnp.pad(p["x"], [(0, 0), (3, 0)], "reflect"))
+
+
+def test_a_wrap_pad_is_named():
+    nodes = [_const("pads", [1, 1, 1, 1]), N("Pad", ["x", "pads"], ["y"], mode="wrap", name="around")]
+    with pytest.raises(TrainingError, match=r"'around' \(ai.onnx::Pad\) pads in 'wrap' mode"):
+        _check(nodes, {}, {"x": _rand(3, 4, seed=85)}, lambda p, d: jnp.pad(p["x"], 1, mode="wrap"), opset=19)
 
 
 def _conv_transpose_ref(x, w, strides, pads, dilations, group, output_padding):

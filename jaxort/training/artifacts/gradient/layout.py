@@ -92,12 +92,15 @@ def _tile(em, node, dys, needs):
 
 
 def _pad(em, node, dys, needs):
-    # Constant mode: dY without the padding, a Slice from the pads before to the pads after
-    # (constant, non-negative pads; an axes input from Pad-18 picks the axes they are for).
+    # Constant, non-negative pads (an axes input from Pad-18 picks the axes they are for).
+    # Constant mode: dY without the padding, one Slice from the pads before to the pads after.
+    # Edge and reflect (no rule in ORT 1.19.2): such a pad is one pad per axis in turn, so its
+    # gradient folds the axes back in reverse order, each adding the padding's gradient onto
+    # the values the padding copied.
     mode = _attrs(node).get("mode", b"constant")
-    if mode not in (b"constant", "constant"):
-        raise _error(node, f"pads in {mode.decode() if isinstance(mode, bytes) else mode!r} mode; only constant "
-                           "padding has a gradient rule")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("constant", "edge", "reflect"):
+        raise _error(node, f"pads in {mode!r} mode; constant, edge and reflect padding have gradient rules")
     pads = em.static(node.input[1]) if len(node.input) > 1 and node.input[1] else None
     if pads is None or (pads < 0).any():
         raise _error(node, "has pads that are not constant and non-negative")
@@ -109,9 +112,51 @@ def _pad(em, node, dys, needs):
         if given is None:
             raise _error(node, "has axes that are not constant")
         axes = [int(a) for a in given.reshape(-1)]
-    ends = [-p if p else np.iinfo(np.int64).max for p in pads[n:]]
-    dx = em.op("Slice", [dys[0], em.ints(pads[:n]), em.ints(ends), em.ints(axes)])
+    if mode == "constant":
+        ends = [-p if p else _END for p in pads[n:]]
+        dx = em.op("Slice", [dys[0], em.ints(pads[:n]), em.ints(ends), em.ints(axes)])
+    else:
+        dims = em.dims(node.input[0])
+        for axis, before, after in zip(axes, pads[:n], pads[n:]):
+            size = dims[axis] if dims is not None and -len(dims) <= axis < len(dims) else None
+            if mode == "reflect" and isinstance(size, int) and max(before, after) >= size:
+                raise _error(node, f"reflects {max(before, after)} values on axis {axis} of length {size}; "
+                                   "the rule takes pads shorter than the axis (one reflection)")
+        dx = dys[0]
+        for axis, before, after in reversed(list(zip(axes, pads[:n], pads[n:]))):
+            if before or after:
+                dx = _fold_padding(em, dx, axis, before, after, mode)
     return [dx] + [None] * (len(node.input) - 1)
+
+
+_END = np.iinfo(np.int64).max
+
+
+def _fold_padding(em, dy, axis, before, after, mode):
+    """The gradient of one axis' edge or reflect padding: dY's middle, plus the pads' sums on
+    the first and last values (edge), or the pads reversed on the values they mirror,
+    ``x[1:before + 1]`` and ``x[n - 1 - after:n - 1]`` (reflect)."""
+    def cut(t, start, end, step=1):
+        return em.op("Slice", [t, em.ints([start]), em.ints([end]), em.ints([axis]), em.ints([step])])
+
+    def add_at(t, start, end, value):  # t with value added to t[start:end] along axis
+        parts = [cut(t, 0, start)] if start else []
+        parts.append(em.op("Add", [cut(t, start, end), value]))
+        parts += [cut(t, end, _END)] if end != _END else []
+        return em.op("Concat", parts, axis=axis)
+
+    dx = cut(dy, before, -after if after else _END)
+    if mode == "edge":
+        if after:
+            dx = add_at(dx, -1, _END, em.op("ReduceSum", [cut(dy, -after, _END), em.ints([axis])], keepdims=1))
+        if before:
+            dx = add_at(dx, 0, 1, em.op("ReduceSum", [cut(dy, 0, before), em.ints([axis])], keepdims=1))
+        return dx
+    if after:  # dY[-1], ..., dY[-after] fall on x[n - 1 - after], ..., x[n - 2]
+        dx = add_at(dx, -1 - after, -1, cut(dy, -1, -1 - after, -1))
+    if before:  # dY[before - 1], ..., dY[0] fall on x[1], ..., x[before]
+        dx = add_at(dx, 1, 1 + before, cut(dy, before - 1, -_END - 1, -1))
+    return dx
 
 
 def _gather_elements(em, node, dys, needs):
