@@ -24,16 +24,14 @@ def _like_input(em, node, dys, needs):
 def _slice(em, node, dys, needs):
     # SliceGrad(dY, Shape(x), starts, ends, axes, steps): dY written into zeros of x's shape
     # at run time, as ORT's builder writes it, so no shape need be known here. ORT 1.19.2's
-    # kernel fails on negative steps ("narrowing_error"), so those are refused.
-    if node.input[4:5] and node.input[4]:
-        steps = em.static(node.input[4])
-        if steps is None:
-            raise _error(node, "has steps that are not constants (ORT's SliceGrad takes positive steps only)")
-        if any(int(k) < 0 for k in np.ravel(steps)):
-            raise _error(node, f"has steps {[int(k) for k in np.ravel(steps)]}; ORT 1.19.2's SliceGrad "
-                               "fails on negative steps")
+    # kernel fails on negative steps ("narrowing_error"): those, and steps only known at run
+    # time, take the route through x's flat indices instead.
     given = list(node.input[1:]) + [""] * (5 - len(node.input))  # Slice-10+ (the rules need opset 13)
     starts, ends, axes, steps = given[:4]
+    if steps:
+        values = em.static(steps)
+        if values is None or any(int(k) < 0 for k in np.ravel(values)):
+            return [_slice_by_indices(em, node, dys[0])] + [None] * (len(node.input) - 1)
     bounds = [starts, ends]
     if steps and not axes:  # an absent axes before steps: all axes in order
         zero, one = (em.const(v, TensorProto.INT64) for v in (0, 1))
@@ -43,6 +41,21 @@ def _slice(em, node, dys, needs):
     out = em.name("SliceGrad")
     _ms_node(em, "SliceGrad", [dys[0], em.op("Shape", [node.input[0]]), *bounds], [out], [])
     return [out] + [None] * (len(node.input) - 1)
+
+
+def _slice_by_indices(em, node, dy):
+    """dY scattered into zeros of x's shape at the flat indices the same Slice takes from
+    x's indices ``Range(Size(x))``: exact for any steps, with no shape known beforehand."""
+    x = node.input[0]
+    shape = em.op("Shape", [x])
+    zero, one = (em.const(v, TensorProto.INT64) for v in (0, 1))
+    flat = em.op("Range", [zero, em.op("Size", [x]), one])
+    taken = em.op("Slice", [em.op("Reshape", [flat, shape])] + list(node.input[1:]))
+    column = em.ints([-1])
+    zeros = em.op("Reshape", [_filled(em, 0.0, x), column])
+    dx = em.op("ScatterElements", [zeros, em.op("Reshape", [taken, column]), em.op("Reshape", [dy, column])],
+               axis=0)  # the indices are distinct: no reduction
+    return em.op("Reshape", [dx, shape])
 
 
 def _expand(em, node, dys, needs):
