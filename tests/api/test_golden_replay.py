@@ -21,6 +21,9 @@ from jaxort import checkpoint as ckpt
 from jaxort import session as jsession
 from jaxort.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "trajectory.json").exists())
 PROPERTIES = {"epoch": 6, "best_metric": 0.125, "run_name": "golden-run"}

@@ -23,6 +23,9 @@ from jaxort.training import (
     set_learning_rate,
 )
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 CASES = ["mlp_adamw", "mlp_sgd", "mlp_frozen", "cnn_bce", "l1_gemm"]
 

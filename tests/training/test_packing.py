@@ -13,6 +13,10 @@ from jaxort.errors import TrainingError
 from jaxort.training import TrainProgram, TrainState
 from jaxort.training.packing import PackedState, Packing, pack, unpack
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
+
 def _golden(golden, case):
     program, start, batches, folder = golden(case)
     return program, start, list(zip(batches["train::input"], batches["train::labels"])), folder

@@ -23,6 +23,9 @@ from jaxort.demo import build_digits_mlp, load_digits
 from jaxort.training import TrainProgram, bfloat16_policy, cast_model, set_learning_rate
 from jaxort.training.artifacts import LossType, OptimType, float_initializers, generate_artifacts, read
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
 HERE = pathlib.Path(__file__).resolve().parent
 GOLDEN = HERE.parent / "fixtures" / "golden"
 BF16 = TensorProto.BFLOAT16

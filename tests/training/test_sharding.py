@@ -155,3 +155,26 @@ def test_shard_refuses_bad_meshes_and_strategies(digits):
         shard(prog.init_state(start), mesh, "fsdp")
     with pytest.raises(TrainingError, match="'data' and/or 'fsdp'"):
         shard(prog.init_state(start), make_mesh((1,), ("model",)), "data")
+
+
+@pytest.mark.accelerator
+@pytest.mark.parametrize("strategy", ["data", "fsdp"])
+def test_the_local_devices_train_like_one_device(digits, strategy):
+    # On whatever devices this process sees (one CPU in `make test`, every GPU in `make gpu-check`).
+    import jax
+
+    prog, start, x, y = digits
+    n = len(jax.local_devices())
+    batch = 16 * n
+    mesh = make_mesh((n,), (strategy,))
+    runs = []
+    for state in (prog.init_state(start), shard(prog.init_state(start), mesh, strategy)):
+        state = set_learning_rate(state, 0.01)
+        losses = []
+        for i in range(3):
+            state, (loss, _) = prog.train_and_update(state, x[batch * i:batch * (i + 1)], y[batch * i:batch * (i + 1)])
+            losses.append(float(loss))
+        runs.append((losses, {k: np.asarray(v) for k, v in state.params.items()}))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5)
+    for k in runs[0][1]:
+        np.testing.assert_allclose(runs[1][1][k], runs[0][1][k], rtol=1e-5, atol=1e-6)

@@ -151,6 +151,9 @@ CASES = [
 
 
 test_matches_reference, test_table_covers_every_op = table_tests(CASES, COVERED_OPS)
+# Device-sensitive (`make gpu-check` runs them on an accelerator): the table, the
+# gradients, and the CPU forms against XLA's convolution on the device at hand.
+test_matches_reference = pytest.mark.accelerator(test_matches_reference)
 
 
 # --------------------------------------------------------------------------- gradients
@@ -164,7 +167,7 @@ GRAD_CASES = [
      dict(strides=[2, 1], pads=[0, 1, 1, 0], output_padding=[1, 0], group=2), None),
 ]
 
-test_gradient_matches_finite_differences = nn_gradient_test(GRAD_CASES)
+test_gradient_matches_finite_differences = pytest.mark.accelerator(nn_gradient_test(GRAD_CASES))
 
 
 # --------------------------------------------------------------------------- specific behaviour
@@ -275,6 +278,7 @@ def _assert_close_to(a, b):
                                atol=1e-5 * max(1.0, float(np.abs(np.asarray(b)).max())))
 
 
+@pytest.mark.accelerator
 @pytest.mark.parametrize("xs,ws,attrs", COLUMN_CASES[:4] + LARGE_COLUMN_CASES,
                          ids=COLUMN_IDS[:4] + LARGE_IDS)
 def test_conv_plans_equal_xla_convolution_and_its_gradients(xs, ws, attrs):
@@ -437,6 +441,7 @@ def test_working_size_convolutions_take_their_plans(xs, ws, attrs, plan):
     assert conv_ops._cpu_plan(jnp.zeros(xs), jnp.zeros(ws), _spec(xs, ws, attrs), None) == plan
 
 
+@pytest.mark.accelerator
 @pytest.mark.parametrize("xs,ws,attrs,plan", WORKING_PLANS, ids=["1x1", "3x3", "1x1-strided", "depthwise-taps"])
 def test_working_size_plans_equal_xla_convolution_and_its_gradients(xs, ws, attrs, plan, monkeypatch):
     # The same plans on a copy small enough to test (batch 2, maps a quarter as wide),

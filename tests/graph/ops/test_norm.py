@@ -16,6 +16,9 @@ from jaxort.testing import run_jaxort
 from ._harness import Example, F16, F32, F64, OpCase, nn_gradient_test, node, table_tests
 from ._strategies import arr, floats, rand
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
 COVERED_OPS = {
     "BatchNormalization", "GroupNormalization", "InstanceNormalization", "LRN", "LayerNormalization", "LpNormalization",
     "MeanVarianceNormalization", "RMSNormalization",

@@ -18,6 +18,9 @@ from jaxort.testing import run_jaxort, run_reference
 from ._harness import Example, F16, F32, F64, OpCase, nn_gradient_test, table_tests
 from ._strategies import arr, conv_geometry, floats, rand
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
 COVERED_OPS = {
     "AveragePool", "GlobalAveragePool", "GlobalLpPool", "GlobalMaxPool", "LpPool", "MaxPool",
     "MaxUnpool",

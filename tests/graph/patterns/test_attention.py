@@ -9,6 +9,9 @@ from jaxort.graph import JaxGraph
 from ._models import (BF16, F16, F32, F64, Builder, attention, check_against_unfused,
                       check_finite_differences, rand, transformer, transformer_inputs)
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
 
 def _attention_model(dtype, shape, scale_op="Div", mask=True, transpose=True):
     bsz, heads, seq, dh = shape

@@ -11,6 +11,9 @@ from jaxort.graph import JaxGraph
 from ._models import (BF16, F16, F32, F64, Builder, check_against_unfused,
                       check_finite_differences, gelu_erf, gelu_tanh, rand)
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
 
 def _gelu_model(variant, shape, dtype, bias):
     rng = np.random.default_rng(0)

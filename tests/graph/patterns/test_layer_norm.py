@@ -8,6 +8,9 @@ from jaxort.graph import JaxGraph
 from ._models import (BF16, F16, F32, F64, Builder, check_against_unfused,
                       check_finite_differences, layer_norm_keras, layer_norm_torch, rand)
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
 
 def _ln_model(variant, shape, axes, dtype, opset=17):
     rng = np.random.default_rng(len(shape) + len(axes))

@@ -9,6 +9,9 @@ from jaxort.graph import JaxGraph
 from ._models import (BF16, F16, F32, F64, Builder, check_against_unfused,
                       check_finite_differences, rand)
 
+# Device-sensitive: `make gpu-check` runs these on an accelerator.
+pytestmark = pytest.mark.accelerator
+
 
 def _softmax_model(variant, shape, axis, dtype, opset=17):
     b = Builder(dtype)
