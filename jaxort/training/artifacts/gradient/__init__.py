@@ -28,8 +28,9 @@ from a trainable parameter to the loss is a
 :class:`jaxort.errors.TrainingError` naming the node and op, raised before
 any file is written.
 
-The rules live in one module per op family (``arithmetic``, ``activation``,
-``layout``, ``reduce``, ``matmul``, ``norm``, ``loss``, ``rnn``), each with
+The rules live in one module per op family (``arithmetic``, ``unary``,
+``activation``, ``layout``, ``reduce``, ``resize``, ``matmul``, ``norm``,
+``loss``, ``rnn``), each with
 a ``RULES`` table (and ``MS_RULES`` for com.microsoft forms) that this
 package merges; an op type in two tables is an error at import.
 
@@ -46,7 +47,7 @@ from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
 from jaxort.graph import check_graph_structure, default_opset, normalize_domain
-from jaxort.training.artifacts.gradient import activation, arithmetic, layout, matmul, norm, reduce, rnn, unary
+from jaxort.training.artifacts.gradient import activation, arithmetic, layout, matmul, norm, reduce, resize, rnn, unary
 from jaxort.training.artifacts.gradient import loss as _loss
 from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _error, _filled
 from jaxort.training.artifacts.gradient.activation import _fuse_quick_gelu
@@ -57,8 +58,8 @@ from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFI
 __all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
 
 # The lowest default-domain opset the rules are written for (ReduceSum and
-# Unsqueeze take axes as an input from 13); MaxPool's needs 16 (ScatterElements
-# reduces from 16).
+# Unsqueeze take axes as an input from 13); MaxPool's and Resize's need 16
+# (ScatterElements reduces from 16).
 MIN_OPSET = 13
 
 
@@ -78,7 +79,7 @@ def _merged(tables: Iterable[dict]) -> dict:
     return merged
 
 
-_FAMILIES = (arithmetic, unary, activation, layout, reduce, matmul, norm, _loss, rnn)
+_FAMILIES = (arithmetic, unary, activation, layout, reduce, resize, matmul, norm, _loss, rnn)
 
 #: op type -> rule, for default-domain nodes on the path from a parameter to the loss.
 RULES: dict = _merged(family.RULES for family in _FAMILIES)

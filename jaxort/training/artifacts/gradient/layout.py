@@ -105,71 +105,46 @@ def _tile(em, node, dys, needs):
 
 
 def _pad(em, node, dys, needs):
-    # Constant, non-negative pads (an axes input from Pad-18 picks the axes they are for).
-    # Constant mode: dY without the padding, one Slice from the pads before to the pads after.
-    # Edge and reflect (no rule in ORT 1.19.2): such a pad is one pad per axis in turn, so its
-    # gradient folds the axes back in reverse order, each adding the padding's gradient onto
-    # the values the padding copied.
+    # Constant mode with constant non-negative pads (an axes input from Pad-18 picks the axes
+    # they are for): dY without the padding, one Slice from the pads before to the pads after.
+    # Any other pads or mode (edge, reflect, wrap; no rule in ORT 1.19.2): through x's indices.
     mode = _attrs(node).get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
-    if mode not in ("constant", "edge", "reflect"):
-        raise _error(node, f"pads in {mode!r} mode; constant, edge and reflect padding have gradient rules")
     pads = em.static(node.input[1]) if len(node.input) > 1 and node.input[1] else None
-    if pads is None or (pads < 0).any():
-        raise _error(node, "has pads that are not constant and non-negative")
+    axes = node.input[3] if len(node.input) > 3 and node.input[3] else None
+    if mode != "constant" or pads is None or (pads < 0).any() or (axes and em.static(axes) is None):
+        return [_pad_by_indices(em, node, dys[0])] + [None] * (len(node.input) - 1)
     pads = [int(p) for p in pads.reshape(-1)]
     n = len(pads) // 2
-    axes = list(range(n))
-    if len(node.input) > 3 and node.input[3]:
-        given = em.static(node.input[3])
-        if given is None:
-            raise _error(node, "has axes that are not constant")
-        axes = [int(a) for a in given.reshape(-1)]
-    if mode == "constant":
-        ends = [-p if p else _END for p in pads[n:]]
-        dx = em.op("Slice", [dys[0], em.ints(pads[:n]), em.ints(ends), em.ints(axes)])
-    else:
-        dims = em.dims(node.input[0])
-        for axis, before, after in zip(axes, pads[:n], pads[n:]):
-            size = dims[axis] if dims is not None and -len(dims) <= axis < len(dims) else None
-            if mode == "reflect" and isinstance(size, int) and max(before, after) >= size:
-                raise _error(node, f"reflects {max(before, after)} values on axis {axis} of length {size}; "
-                                   "the rule takes pads shorter than the axis (one reflection)")
-        dx = dys[0]
-        for axis, before, after in reversed(list(zip(axes, pads[:n], pads[n:]))):
-            if before or after:
-                dx = _fold_padding(em, dx, axis, before, after, mode)
+    axes = [int(a) for a in em.static(axes).reshape(-1)] if axes else list(range(n))
+    ends = [-p if p else _END for p in pads[n:]]
+    dx = em.op("Slice", [dys[0], em.ints(pads[:n]), em.ints(ends), em.ints(axes)])
     return [dx] + [None] * (len(node.input) - 1)
 
 
 _END = np.iinfo(np.int64).max
 
 
-def _fold_padding(em, dy, axis, before, after, mode):
-    """The gradient of one axis' edge or reflect padding: dY's middle, plus the pads' sums on
-    the first and last values (edge), or the pads reversed on the values they mirror,
-    ``x[1:before + 1]`` and ``x[n - 1 - after:n - 1]`` (reflect)."""
-    def cut(t, start, end, step=1):
-        return em.op("Slice", [t, em.ints([start]), em.ints([end]), em.ints([axis]), em.ints([step])])
-
-    def add_at(t, start, end, value):  # t with value added to t[start:end] along axis
-        parts = [cut(t, 0, start)] if start else []
-        parts.append(em.op("Add", [cut(t, start, end), value]))
-        parts += [cut(t, end, _END)] if end != _END else []
-        return em.op("Concat", parts, axis=axis)
-
-    dx = cut(dy, before, -after if after else _END)
-    if mode == "edge":
-        if after:
-            dx = add_at(dx, -1, _END, em.op("ReduceSum", [cut(dy, -after, _END), em.ints([axis])], keepdims=1))
-        if before:
-            dx = add_at(dx, 0, 1, em.op("ReduceSum", [cut(dy, 0, before), em.ints([axis])], keepdims=1))
-        return dx
-    if after:  # dY[-1], ..., dY[-after] fall on x[n - 1 - after], ..., x[n - 2]
-        dx = add_at(dx, -1 - after, -1, cut(dy, -1, -1 - after, -1))
-    if before:  # dY[before - 1], ..., dY[0] fall on x[1], ..., x[before]
-        dx = add_at(dx, 1, 1 + before, cut(dy, before - 1, -_END - 1, -1))
-    return dx
+def _pad_by_indices(em, node, dy):
+    """dY added onto the values the padding read: the same Pad of x's flat indices plus 1
+    (0 where a constant is written) says where each output came from; dY is scattered into
+    a buffer with a slot 0 for the constants, which is then dropped. Exact for every mode and
+    for pads known only at run time, negative (cropping) ones included."""
+    if em.opset < 16:
+        raise _error(node, f"needs opset 16 or newer for the gradient of these pads (the model has {em.opset})")
+    x = node.input[0]
+    shape = em.op("Shape", [x])
+    one = em.const(np.int64(1), TensorProto.INT64)
+    count = em.op("Size", [x])
+    plus_one = em.op("Range", [one, em.op("Add", [count, one]), one])
+    zero = em.const(np.int64(0), TensorProto.INT64)  # Pad's constant_value for the indices
+    sources = em.op("Pad", [em.op("Reshape", [plus_one, shape]), node.input[1], zero] + list(node.input[3:4]),
+                    mode=_attrs(node).get("mode", b"constant"))
+    column = em.ints([-1])
+    slots = _filled(em, 0.0, x, em.op("Add", [em.op("Reshape", [count, column]), em.ints([1])]))
+    summed = em.op("ScatterElements", [slots, em.op("Reshape", [sources, column]), em.op("Reshape", [dy, column])],
+                   axis=0, reduction="add")
+    return em.op("Reshape", [em.op("Slice", [summed, em.ints([1]), em.ints([_END])]), shape])
 
 
 def _gather_elements(em, node, dys, needs):
