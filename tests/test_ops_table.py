@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_ops_table_is_current():
-    spec = importlib.util.spec_from_file_location("make_ops_table", ROOT / "tools" / "make_ops_table.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    text = tool.render()
+def test_ops_table_is_current(load_tool):
+    text = load_tool("make_ops_table").render()
     assert "| Add | 1, 7 |" in text and "## com.microsoft" in text
     assert (ROOT / "docs" / "ops.md").read_text(encoding="utf-8") == text, "docs/ops.md is stale: run make ops-table"

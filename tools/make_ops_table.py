@@ -41,19 +41,26 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    """Writes (or with ``--check`` compares) docs/ops.md; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only report whether docs/ops.md is stale")
+def write_or_check(argv, description: str, target: pathlib.Path, render, make_target: str) -> int:
+    """A generated doc's command line: writes ``render()`` to ``target``, or with ``--check``
+    returns 1 (saying so) when the file differs from it; returns the exit status."""
+    parser = argparse.ArgumentParser(description=description)
+    name = target.relative_to(ROOT)
+    parser.add_argument("--check", action="store_true", help=f"only report whether {name} is stale")
     args = parser.parse_args(argv)
     text = render()
     if args.check:
-        if not TARGET.exists() or TARGET.read_text(encoding="utf-8") != text:
-            print("docs/ops.md is stale: run make ops-table")
+        if not target.exists() or target.read_text(encoding="utf-8") != text:
+            print(f"{name} is stale: run make {make_target}")
             return 1
         return 0
-    TARGET.write_text(text, encoding="utf-8")
+    target.write_text(text, encoding="utf-8")
     return 0
+
+
+def main(argv=None) -> int:
+    """Writes (or with ``--check`` compares) docs/ops.md; returns the exit status."""
+    return write_or_check(argv, __doc__.splitlines()[0], TARGET, render, "ops-table")
 
 
 if __name__ == "__main__":

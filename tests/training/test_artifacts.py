@@ -418,12 +418,12 @@ def test_onnxblock_blocks_are_refused_not_taken_for_jax_losses(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def _shrink_model(path):
+def _lp_normalization_model(path):
     rng = np.random.default_rng(3)
     w = numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-         helper.make_node("Shrink", ["h"], ["y"], name="act")], "g",
+         helper.make_node("LpNormalization", ["h"], ["y"], name="act")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 3])], [w])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
@@ -435,9 +435,9 @@ def test_an_op_without_a_rule_gives_jaxort_only_artifacts_and_a_warning_naming_i
     from jaxort.errors import NoGradientGraphWarning
     from jaxort.training.artifacts.gradient import RULES
 
-    assert "Shrink" not in RULES
-    w = _shrink_model(tmp_path / "m.onnx")
-    with pytest.warns(NoGradientGraphWarning, match=r"node 'act' \(ai.onnx::Shrink\) has no gradient rule") \
+    assert "LpNormalization" not in RULES
+    w = _lp_normalization_model(tmp_path / "m.onnx")
+    with pytest.warns(NoGradientGraphWarning, match=r"node 'act' \(ai.onnx::LpNormalization\) has no gradient rule") \
             as caught:
         arts = generate_artifacts(tmp_path / "m.onnx", ["w"], loss=LossType.MSELoss, optimizer=OptimType.AdamW,
                                   artifact_directory=tmp_path / "a")
@@ -448,8 +448,8 @@ def test_an_op_without_a_rule_gives_jaxort_only_artifacts_and_a_warning_naming_i
     with pytest.raises(Exception, match="NoGradientGraph"):  # ONNX Runtime refuses rather than train on zeros
         ort.InferenceSession(str(arts.training_model), providers=["CPUExecutionProvider"])
 
-    # jaxort trains them: the gradient of mean((shrink(x @ w) - t)^2), written out in numpy
-    # (Shrink with its defaults: x where |x| > 0.5, else 0).
+    # jaxort trains them: the gradient of mean((lp(x @ w) - t)^2), written out in numpy
+    # (LpNormalization with its defaults: each row over its L2 norm).
     rng = np.random.default_rng(4)
     x = rng.normal(size=(5, 4)).astype(np.float32) * 3
     t = rng.normal(size=(5, 3)).astype(np.float32)
@@ -457,13 +457,14 @@ def test_an_op_without_a_rule_gives_jaxort_only_artifacts_and_a_warning_naming_i
     module = Module(str(arts.training_model), state, str(arts.eval_model))
     loss = module(x, t)
     h = x.astype(np.float64) @ w
-    y = np.where(np.abs(h) > 0.5, h, 0.0)
+    norm = np.linalg.norm(h, axis=-1, keepdims=True)
+    y = h / norm
     dy = 2 * (y - t) / y.size
-    dh = dy * (np.abs(h) > 0.5)
+    dh = (dy - y * np.sum(dy * y, axis=-1, keepdims=True)) / norm
     np.testing.assert_allclose(loss, np.mean((y - t) ** 2), rtol=1e-5)
     np.testing.assert_allclose(state.parameters["w"].grad, x.T @ dh, rtol=1e-4, atol=1e-6)
 
-    with pytest.raises(TrainingError, match=r"node 'act' \(ai.onnx::Shrink\) has no gradient rule"):
+    with pytest.raises(TrainingError, match=r"node 'act' \(ai.onnx::LpNormalization\) has no gradient rule"):
         generate_artifacts(tmp_path / "m.onnx", ["w"], loss=LossType.MSELoss, artifact_directory=tmp_path / "b",
                            gradient_graph=True)
     assert not (tmp_path / "b").exists()

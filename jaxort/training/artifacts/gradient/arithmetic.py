@@ -101,6 +101,10 @@ def _cast(em, node, dys, needs):
     return [em.op("Cast", [dys[0]], to=em.elem_type(node.input[0]))]
 
 
+def _cast_like(em, node, dys, needs):
+    return _cast(em, node, dys, needs) + [None]  # the target only gives its type
+
+
 def _dropout(em, node, dys, needs):
     # y = x * mask / (1 - ratio) when training_mode is true, else y = x. Without a
     # training_mode input Dropout is the identity, and so is its gradient (ORT's
@@ -131,5 +135,5 @@ RULES: dict = {
     "Sqrt": _elementwise(lambda em, x, y, dy: em.op("Div", [dy, em.op("Mul", [_scalar(em, 2.0, y), y])])),
     "Reciprocal": _elementwise(lambda em, x, y, dy: em.op("Neg", [em.op("Mul", [dy, em.op("Mul", [y, y])])])),
     "Pow": _pow, "Erf": _elementwise(_erf), "Where": _where,
-    "Identity": _identity, "Cast": _cast, "Dropout": _dropout,
+    "Identity": _identity, "Cast": _cast, "CastLike": _cast_like, "Dropout": _dropout,
 }

@@ -1,7 +1,8 @@
 """Gradient rules of shape and layout ops: Reshape-likes, Expand, Transpose, Slice, Pad, Tile, Concat, Split.
 
-Reshape-like: Flatten, Reshape, Squeeze, Unsqueeze. Also the ops that read or
-keep elements by index or position: Gather, GatherND, GatherElements, TopK,
+Reshape-like: Flatten, Reshape, Squeeze, Unsqueeze. Also DepthToSpace and
+SpaceToDepth, and the ops that read, write or keep elements by index or
+position: Gather, GatherND, GatherElements, ScatterElements, ScatterND, TopK,
 CumSum, Trilu.
 
 Part of the training layer: it imports the rules' shared helpers only.
@@ -157,6 +158,48 @@ def _gather_elements(em, node, dys, needs):
                   axis=int(_attrs(node).get("axis", 0))), None]
 
 
+def _scatter(gather: str):
+    """ScatterElements or ScatterND (``gather`` the op that reads back where it wrote): the
+    updates' gradient is dY read at the indices; the data's is dY, with the overwritten
+    places zeroed (reduction "none") or whole (reduction "add")."""
+    def rule(em, node, dys, needs):
+        attrs = _attrs(node)
+        reduction = attrs.get("reduction", b"none")
+        reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+        if reduction not in ("none", "add"):
+            raise _error(node, f"reduces with {reduction!r}; the rule takes reduction 'none' or 'add'")
+        data, indices, updates = node.input[:3]
+        axis = {"axis": int(attrs.get("axis", 0))} if node.op_type == "ScatterElements" else {}
+        d_data = dys[0]
+        if reduction == "none":
+            d_data = em.op(node.op_type, [dys[0], indices, _filled(em, 0.0, updates)], **axis)
+        return [d_data, None, em.op(gather, [dys[0], indices], **axis)]
+    return rule
+
+
+def _depth_to_space(em, node, dys, needs):
+    # DCR mode (the default) is SpaceToDepth's inverse; CRD (PyTorch's PixelShuffle) is undone
+    # by hand: dY [N, C, H*b, W*b] -> [N, C, H, b, W, b] -> [N, C, b, b, H, W] -> X's shape.
+    attrs = _attrs(node)
+    b = int(attrs["blocksize"])
+    mode = attrs.get("mode", b"DCR")
+    if (mode.decode() if isinstance(mode, bytes) else mode) == "DCR":
+        return [em.op("SpaceToDepth", [dys[0]], blocksize=b)]
+    shape = em.op("Shape", [node.output[0]])
+
+    def dim(i):
+        return em.op("Slice", [shape, em.ints([i]), em.ints([i + 1])])
+
+    split = em.op("Concat", [dim(0), dim(1), em.op("Div", [dim(2), em.ints([b])]), em.ints([b]),
+                             em.op("Div", [dim(3), em.ints([b])]), em.ints([b])], axis=0)
+    blocks = em.op("Transpose", [em.op("Reshape", [dys[0], split])], perm=[0, 1, 3, 5, 2, 4])
+    return [em.op("Reshape", [blocks, em.op("Shape", [node.input[0]])])]
+
+
+def _space_to_depth(em, node, dys, needs):
+    return [em.op("DepthToSpace", [dys[0]], blocksize=int(_attrs(node)["blocksize"]), mode="DCR")]
+
+
 def _top_k(em, node, dys, needs):
     # The values' gradient put back where TopK took them (its indices are distinct).
     if dys[1] is not None:
@@ -215,4 +258,6 @@ RULES: dict = {
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
     "Gather": _gather, "GatherND": _gather_nd, "Concat": _concat, "Split": _split, "Tile": _tile, "Pad": _pad,
     "GatherElements": _gather_elements, "TopK": _top_k, "CumSum": _cum_sum, "Trilu": _trilu,
+    "ScatterElements": _scatter("GatherElements"), "ScatterND": _scatter("GatherND"),
+    "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth,
 }

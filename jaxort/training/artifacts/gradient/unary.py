@@ -1,8 +1,10 @@
 """Gradient rules of one-input elementwise ops ORT 1.19.2 has no builder for, in standard ONNX ops.
 
 Trigonometric and hyperbolic functions and their inverses, Softplus,
-Softsign, Elu, Selu, Celu, ThresholdedRelu, Mish, Gelu-20; and Sign, Floor, Ceil and
-Round, whose gradient is zero. Each rule is ``dY * f'(X)`` with ``f'``
+Softsign, Elu, Selu, Celu, ThresholdedRelu, Mish, Gelu-20, Shrink; and Sign, Floor,
+Ceil, Round and Hardmax, whose gradient is zero, as is that of EyeLike,
+RandomNormalLike and RandomUniformLike (their outputs do not depend on the input's
+values) and of Bernoulli (a draw). Each rule is ``dY * f'(X)`` with ``f'``
 written from X (or the output Y, where that is cheaper).
 
 Part of the training layer: it imports the rules' shared helpers only.
@@ -111,5 +113,10 @@ RULES: dict = {
         em, "Mul", *([_op(em, "Add", _scalar(em, 1.0, x), _op(em, "Abs", x))] * 2)))),
     "Elu": _times(_elu), "Selu": _times(_selu), "Celu": _times(_celu),
     "ThresholdedRelu": _times(_thresholded_relu), "Mish": _times(_mish), "Gelu": _times(_gelu),
-    "Sign": _zero, "Floor": _zero, "Ceil": _zero, "Round": _zero,
+    "Shrink": _times(lambda em, node, x, y: _op(em, "Cast", _op(em, "Greater", _op(em, "Abs", x), _scalar(
+        em, float(_attrs(node).get("lambd", 0.5)), x)), to=em.elem_type(x))),
+    "Sign": _zero, "Floor": _zero, "Ceil": _zero, "Round": _zero, "Hardmax": _zero,
+    # outputs that do not depend on the input's values, only on its shape and type, or are
+    # draws (Bernoulli's 0/1 samples are piecewise constant in the probabilities)
+    "EyeLike": _zero, "RandomNormalLike": _zero, "RandomUniformLike": _zero, "Bernoulli": _zero,
 }

@@ -1,0 +1,83 @@
+"""Which ops have a gradient rule, which do not and why, and which ONNX Runtime 1.19.2 has a builder for.
+
+``docs/gradient-coverage.md`` is written from these tables
+(``tools/make_gradient_table.py``); a test checks that every op jaxort
+registers whose schema takes and gives floats has a rule or a reason here.
+
+Part of the training layer: it imports onnx and the graph layer's registry only.
+"""
+
+from __future__ import annotations
+
+from onnx import defs
+
+_NOT_YET = "not written yet"
+
+#: default-domain op type -> why it has no gradient rule.
+WITHOUT_RULE: dict = {
+    "BatchNormalization": "written as com.microsoft::BatchNormInternal before the rules run (its rule is "
+                          "in MS_RULES), as ORT's generate_artifacts does",
+    "ReduceProd": "dY * Y / X divides by zero where an input is 0; an exact rule needs the products of the "
+                  "other values",
+    "CumProd": "as ReduceProd: an exact rule needs products that skip zeros",
+    "If": "control flow: no rule differentiates through subgraphs yet",
+    "Loop": "control flow: no rule differentiates through subgraphs yet",
+    "Scan": "control flow: no rule differentiates through subgraphs yet",
+    "Scatter": "deprecated since opset 11; the rules need opset 13 or newer",
+    "Upsample": "deprecated since opset 10; the rules need opset 13 or newer (Resize has a rule)",
+    "BitCast": "reinterprets bits: no gradient",
+    "DequantizeLinear": "quantization: not on a float training path",
+    "DynamicQuantizeLinear": "quantization: not on a float training path",
+    "OptionalGetElement": "optional values: not on a tensor training path",
+    "Range": "its scalar inputs set the output's length; no rule written",
+    "Unique": "data-dependent output shape; no rule written",
+    "OneHot": "the indices are integers; the values input's rule is " + _NOT_YET,
+    "MelWeightMatrix": "a constant of its integer inputs: no gradient",
+    "Attention": "opset 23, newer than ORT 1.19.2 reads; " + _NOT_YET,
+    "RotaryEmbedding": "opset 23, newer than ORT 1.19.2 reads; " + _NOT_YET,
+    "Swish": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
+    "TensorScatter": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
+    **{op: _NOT_YET for op in (
+        "AffineGrid", "CenterCropPad", "Col2Im", "Compress", "DFT", "DeformConv", "Det", "GlobalLpPool",
+        "GridSample", "GroupNormalization", "LRN", "LpNormalization", "LpPool", "MaxUnpool",
+        "MeanVarianceNormalization", "Mod", "NegativeLogLikelihoodLoss", "RMSNormalization", "RNN",
+        "ReverseSequence", "RoiAlign", "STFT")},
+}
+
+#: The default-domain ops onnxruntime-training 1.19.2 has a gradient builder for: the
+#: ``Get<Op>Gradient`` builder classes in its library (onnxruntime_pybind11_state.so),
+#: by the op each is registered for. BatchNormalization's is registered for BatchNormInternal,
+#: LSTM's and GRU's for LSTMTraining and GRUTraining, the forms generate_artifacts writes.
+ORT_1_19_2_BUILDERS = frozenset({
+    "Abs", "Add", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Conv", "ConvTranspose",
+    "Cos", "Div", "Dropout", "Erf", "Exp", "Expand", "Flatten", "GRU", "Gather", "GatherElements",
+    "GatherND", "Gelu", "Gemm", "GlobalAveragePool", "Identity", "LSTM", "LayerNormalization", "LeakyRelu",
+    "Log", "LogSoftmax", "MatMul", "Max", "MaxPool", "Min", "Mul", "Neg", "Pad", "Pow", "Reciprocal",
+    "ReduceL2", "ReduceLogSumExp", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Resize",
+    "ScatterElements", "ScatterND", "Sigmoid", "Sin", "Slice", "Softmax", "SoftmaxCrossEntropyLoss",
+    "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "TopK", "Transpose", "Trilu", "Unsqueeze", "Where",
+})
+
+_FLOAT = "tensor(float)"
+
+
+def float_ops() -> list:
+    """The default-domain ops jaxort registers whose schema (in the installed onnx) takes a float
+    input and gives a float output: the ones a gradient can flow through."""
+    import jaxort.graph.ops  # noqa: F401  (fills the registry)
+    from jaxort.graph import registered
+
+    out = []
+    for op in sorted({h.op_type for h in registered() if h.domain in ("", "ai.onnx")}):
+        try:
+            schema = defs.get_schema(op)
+        except defs.SchemaError:  # newer than the installed onnx
+            continue
+        types = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+
+        def floats(param):
+            return _FLOAT in types.get(param.type_str, {param.type_str})
+
+        if any(floats(p) for p in schema.inputs) and any(floats(p) for p in schema.outputs):
+            out.append(op)
+    return out
