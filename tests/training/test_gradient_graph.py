@@ -1497,3 +1497,23 @@ def test_cast_like_shrink_and_zero_gradients():
     # Hardmax is piecewise constant; EyeLike's output does not depend on the input's values.
     for op in ("Hardmax", "EyeLike"):
         _check([N(op, ["x"], ["h"]), N("Add", ["h", "x"], ["y"])], {}, {"x": x}, lambda p, d: p["x"] + 0.0)
+
+
+@pytest.mark.parametrize("opset", [18, 21])  # scale and bias per group, then per channel
+@pytest.mark.parametrize("shape, groups", [((2, 6, 3, 2), 3), ((2, 4, 5), 2), ((1, 4, 2, 2), 4)])
+def test_group_normalization(opset, shape, groups):
+    x = _rand(*shape, seed=99, low=-2, high=2)
+    size = groups if opset == 18 else shape[1]
+    scale, bias = _rand(size, seed=100, low=0.5, high=1.5), _rand(size, seed=101)
+
+    def ref(p, d):
+        v = p["x"].reshape(shape[0], groups, -1)
+        v = (v - v.mean(-1, keepdims=True)) / jnp.sqrt(v.var(-1, keepdims=True) + 1e-3)
+        if opset == 18:
+            out = v * p["scale"][:, None] + p["bias"][:, None]
+            return out.reshape(shape)
+        at = (slice(None),) + (None,) * (len(shape) - 2)
+        return v.reshape(shape) * p["scale"][at] + p["bias"][at]
+
+    _check([N("GroupNormalization", ["x", "scale", "bias"], ["y"], epsilon=1e-3, num_groups=groups)], {},
+           {"x": x, "scale": scale, "bias": bias}, ref, opset=opset)

@@ -39,7 +39,7 @@ WITHOUT_RULE: dict = {
     "TensorScatter": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
     **{op: _NOT_YET for op in (
         "AffineGrid", "CenterCropPad", "Col2Im", "Compress", "DFT", "DeformConv", "Det", "GlobalLpPool",
-        "GridSample", "GroupNormalization", "LRN", "LpNormalization", "LpPool", "MaxUnpool",
+        "GridSample", "LRN", "LpNormalization", "LpPool", "MaxUnpool",
         "MeanVarianceNormalization", "Mod", "NegativeLogLikelihoodLoss", "RMSNormalization", "RNN",
         "ReverseSequence", "RoiAlign", "STFT")},
 }

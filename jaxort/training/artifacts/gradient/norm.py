@@ -1,4 +1,4 @@
-"""Gradient rules of LayerNormalization, InstanceNormalization and com.microsoft BatchNormInternal.
+"""Gradient rules of LayerNormalization, InstanceNormalization, GroupNormalization and com.microsoft BatchNormInternal.
 
 Also :func:`to_batch_norm_internal`, which writes BatchNormalization nodes
 as the BatchNormInternal its rule reads, as ORT's generate_artifacts does.
@@ -38,6 +38,26 @@ def _layer_normalization(em, node, dys, needs):
     return [o if need else None for o, need in zip(outs, needs)]
 
 
+def _normalized(em, x, axes, epsilon, t):
+    """(X normalized over ``axes``, the inverse std, the mean over ``axes``), from X (of type ``t``) alone."""
+    axes = em.ints(axes)
+
+    def mean(v):
+        total = em.op("ReduceSum", [v, axes], keepdims=1)
+        return em.op("Div", [total, em.op("Cast", [em.op("Div", [em.op("Size", [v]), em.op("Size", [total])])], to=t)])
+
+    centred = em.op("Sub", [x, mean(x)])
+    inv_std = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [mean(em.op("Mul", [centred, centred])),
+                                                               em.const(float(epsilon), t)])])])
+    return em.op("Mul", [centred, inv_std]), inv_std, mean
+
+
+def _through_normalization(em, g, xhat, inv_std, mean):
+    """The gradient through x -> (x - mean) * inv_std of ``g``, the gradient at its output."""
+    return em.op("Mul", [inv_std, em.op("Sub", [em.op("Sub", [g, mean(g)]),
+                                               em.op("Mul", [xhat, mean(em.op("Mul", [g, xhat]))])])])
+
+
 def _instance_normalization(em, node, dys, needs):
     # The normalization backward over each (sample, channel)'s spatial values, in standard
     # ops (ORT 1.19.2 has no rule): the statistics are recomputed from X.
@@ -45,24 +65,42 @@ def _instance_normalization(em, node, dys, needs):
     dims = em.dims(x)
     if dims is None:
         raise _error(node, "has an input of unknown rank")
-    t = em.elem_type(x)
-    spatial = em.ints(list(range(2, len(dims))))
     per_channel = em.ints([0] + list(range(2, len(dims))))
-
-    def mean(v):
-        total = em.op("ReduceSum", [v, spatial], keepdims=1)
-        return em.op("Div", [total, em.op("Cast", [em.op("Div", [em.op("Size", [v]), em.op("Size", [total])])], to=t)])
-
-    centred = em.op("Sub", [x, mean(x)])
-    eps = em.const(float(_attrs(node).get("epsilon", 1e-5)), t)
-    inv_std = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [mean(em.op("Mul", [centred, centred])), eps])])])
-    xhat = em.op("Mul", [centred, inv_std])
+    xhat, inv_std, mean = _normalized(em, x, list(range(2, len(dims))), _attrs(node).get("epsilon", 1e-5),
+                                      em.elem_type(x))
     dy = dys[0]
-    g = em.op("Mul", [dy, em.op("Unsqueeze", [scale, per_channel])])
-    spread = em.op("Sub", [em.op("Sub", [g, mean(g)]), em.op("Mul", [xhat, mean(em.op("Mul", [g, xhat]))])])
-    return [em.op("Mul", [inv_std, spread]) if needs[0] else None,
+    g = em.op("Mul", [dy, em.op("Unsqueeze", [scale, em.ints(list(range(1, len(dims) - 1)))])])
+    return [_through_normalization(em, g, xhat, inv_std, mean) if needs[0] else None,
             em.op("ReduceSum", [em.op("Mul", [dy, xhat]), per_channel], keepdims=0) if needs[1] else None,
             em.op("ReduceSum", [dy, per_channel], keepdims=0) if needs[2] else None]
+
+
+def _group_normalization(em, node, dys, needs):
+    # Instance normalization of X viewed as [N, groups, -1] (ORT 1.19.2 has no rule); scale and
+    # bias per group (GroupNormalization-18) or per channel (21).
+    x, scale, _ = node.input
+    dims = em.dims(x)
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    attrs = _attrs(node)
+    grouped = em.ints([0, int(attrs["num_groups"]), -1])
+    shape = em.op("Shape", [x])
+    xhat, inv_std, mean = _normalized(em, em.op("Reshape", [x, grouped]), [2], attrs.get("epsilon", 1e-5),
+                                      em.elem_type(x))
+    dy = dys[0]
+    if em.opset >= 21:  # per channel: scale as [C, 1, ...]; sums over the batch and spatial axes
+        others = em.ints([0] + list(range(2, len(dims))))
+        g = em.op("Reshape", [em.op("Mul", [dy, em.op("Unsqueeze", [scale, em.ints(list(range(1, len(dims) - 1)))])]),
+                              grouped])
+        d_scale = em.op("ReduceSum", [em.op("Mul", [dy, em.op("Reshape", [xhat, shape])]), others], keepdims=0)
+        d_bias = em.op("ReduceSum", [dy, others], keepdims=0)
+    else:  # per group: scale as [G, 1] against [N, G, -1]
+        dy_grouped = em.op("Reshape", [dy, grouped])
+        g = em.op("Mul", [dy_grouped, em.op("Unsqueeze", [scale, em.ints([1])])])
+        d_scale = em.op("ReduceSum", [em.op("Mul", [dy_grouped, xhat]), em.ints([0, 2])], keepdims=0)
+        d_bias = em.op("ReduceSum", [dy_grouped, em.ints([0, 2])], keepdims=0)
+    dx = em.op("Reshape", [_through_normalization(em, g, xhat, inv_std, mean), shape])
+    return [dx if needs[0] else None, d_scale if needs[1] else None, d_bias if needs[2] else None]
 
 
 def _same_shape(dims, normalized) -> bool:
@@ -117,7 +155,8 @@ def to_batch_norm_internal(model: onnx.ModelProto) -> None:
 
 
 #: op type -> rule.
-RULES: dict = {"LayerNormalization": _layer_normalization, "InstanceNormalization": _instance_normalization}
+RULES: dict = {"LayerNormalization": _layer_normalization, "InstanceNormalization": _instance_normalization,
+               "GroupNormalization": _group_normalization}
 
 #: com.microsoft op type -> rule.
 MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal}
