@@ -1095,10 +1095,34 @@ def test_average_pool(shape, attrs):
     assert any(n.op_type == "ConvTranspose" for n in model.graph.node)
 
 
-def test_average_pool_in_ceil_mode_is_named():
-    with pytest.raises(TrainingError, match=r"'pool' \(ai.onnx::AveragePool\) uses ceil_mode=1"):
-        _check([N("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1, name="pool")], {},
-               {"x": _rand(1, 2, 5, 5, seed=68)}, lambda p, d: p["x"][:, :, :3, :3])
+@pytest.mark.parametrize("shape, attrs", [
+    ((1, 2, 5, 5), {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ((2, 1, 6, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "ceil_mode": 1}),
+    ((1, 2, 8), {"kernel_shape": [3], "strides": [3], "pads": [1, 0], "ceil_mode": 1}),
+])
+def test_average_pool_in_ceil_mode(shape, attrs):
+    # Against ONNX's reference evaluator (AveragePool is linear in X): the ceil-mode windows
+    # past the end and their counts.
+    matrix, out_shape = _reference_matrix(N("AveragePool", ["x"], ["y"], **attrs), shape, [], 19)
+    m = jnp.asarray(matrix)
+    _check([N("AveragePool", ["x"], ["y"], **attrs)], {}, {"x": _rand(*shape, seed=68)},
+           lambda p, d: (m @ p["x"].reshape(-1)).reshape(out_shape))
+
+
+def test_a_ceil_mode_average_pool_that_counts_pads_is_named():
+    # ORT 1.19.2's forward divides the last window by 9 here, ONNX's reference (1.17+) by 6.
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "ceil_mode": 1,
+             "count_include_pad": 1}
+    with pytest.raises(TrainingError, match=r"'pool' \(ai.onnx::AveragePool\) uses ceil_mode=1 with "
+                                            r"count_include_pad=1: ORT 1.19.2 divides"):
+        _check([N("AveragePool", ["x"], ["y"], name="pool", **attrs)], {}, {"x": _rand(2, 1, 6, 7, seed=68)},
+               lambda p, d: p["x"][:, :, :4, :4])
+
+
+def test_a_dilated_average_pool_is_named():
+    with pytest.raises(TrainingError, match=r"'pool' \(ai.onnx::AveragePool\) uses dilations"):
+        _check([N("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], dilations=[2, 2], name="pool")], {},
+               {"x": _rand(1, 2, 5, 5, seed=68)}, lambda p, d: p["x"][:, :, :3, :3], opset=19)
 
 
 def test_a_value_of_unknown_type_still_carries_the_gradient():
@@ -1265,21 +1289,25 @@ def test_pads_computed_at_run_time():
     _check(nodes, {}, {"x": x}, lambda p, d: jnp.pad(p["x"], [(0, 0), (0, 0), (1, 1), (2, 2)], mode="reflect"))
 
 
-def _resize_matrix(shape, attrs, scales, sizes, opset):
-    """Resize of a tensor of ``shape`` as a matrix, from ONNX's reference evaluator on basis
-    vectors (nearest and linear Resize are linear in X)."""
+def _reference_matrix(node, shape, inits, opset):
+    """``node`` (input "x", output "y") on a tensor of ``shape`` as a matrix, from ONNX's
+    reference evaluator on basis vectors: for the ops that are linear in X (Resize in
+    nearest and linear modes, AveragePool)."""
     from onnx.reference import ReferenceEvaluator
 
-    inputs = ["x", "", "scales" if scales is not None else ""] + (["sizes"] if sizes is not None else [])
-    inits = [numpy_helper.from_array(np.asarray(v, dt), n) for n, v, dt in
-             (("scales", scales, np.float32), ("sizes", sizes, np.int64)) if v is not None]
-    graph = helper.make_graph([N("Resize", inputs, ["y"], **attrs)], "r",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+    graph = helper.make_graph([node], "r", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     run = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
     size = int(np.prod(shape))
     columns = [run.run(None, {"x": np.eye(size, dtype=np.float32)[k].reshape(shape)})[0] for k in range(size)]
     return np.stack([c.reshape(-1) for c in columns], axis=1), columns[0].shape
+
+
+def _resize_matrix(shape, attrs, scales, sizes, opset):
+    inputs = ["x", "", "scales" if scales is not None else ""] + (["sizes"] if sizes is not None else [])
+    inits = [numpy_helper.from_array(np.asarray(v, dt), n) for n, v, dt in
+             (("scales", scales, np.float32), ("sizes", sizes, np.int64)) if v is not None]
+    return _reference_matrix(N("Resize", inputs, ["y"], **attrs), shape, inits, opset)
 
 
 @pytest.mark.parametrize("shape, attrs, scales, sizes, opset", [

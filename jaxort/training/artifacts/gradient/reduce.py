@@ -91,13 +91,18 @@ def _max_pool(em, node, dys, needs):
     return [em.op("Reshape", [scattered, em.op("Shape", [x])])]
 
 
-def _window_counts(sizes, kernel, strides, pads) -> np.ndarray:
-    """Input values (pads left out) under each window of an AveragePool, shape ``[1, 1, *out]``."""
+def _window_counts(sizes, kernel, strides, pads, outs, include_pad) -> np.ndarray:
+    """What each of an AveragePool's windows divides by, shape ``[1, 1, *outs]``: the input
+    values under it, or with ``include_pad`` its extent within the padded input (a ceil-mode
+    window past the end pad is cut there, as ORT's kernel and PyTorch count it)."""
     n = len(sizes)
     per_axis = []
-    for i, (size, k, s) in enumerate(zip(sizes, kernel, strides)):
-        begin = np.arange((size + pads[i] + pads[i + n] - k) // s + 1) * s - pads[i]
-        per_axis.append(np.minimum(begin + k, size) - np.maximum(begin, 0))
+    for i, (size, k, s, out) in enumerate(zip(sizes, kernel, strides, outs)):
+        begin = np.arange(out) * s - pads[i]
+        if include_pad:
+            per_axis.append(np.minimum(begin + k, size + pads[i + n]) - begin)
+        else:
+            per_axis.append(np.minimum(begin + k, size) - np.maximum(begin, 0))
     counts = per_axis[0]
     for axis in per_axis[1:]:
         counts = np.multiply.outer(counts, axis)
@@ -107,7 +112,8 @@ def _window_counts(sizes, kernel, strides, pads) -> np.ndarray:
 def _average_pool(em, node, dys, needs):
     # dY divided by each window's count, spread back over its window: a depthwise
     # ConvTranspose with a kernel of ones, in standard ops (ORT's AveragePoolGrad kernel
-    # crashes 1.19.2 where its output has no declared shape, as in a gradient graph).
+    # crashes 1.19.2 where its output has no declared shape, as in a gradient graph). In
+    # ceil mode the end pad grows to hold the last window.
     x = node.input[0]
     attrs = _attrs(node)
     dims = em.dims(x)
@@ -117,22 +123,33 @@ def _average_pool(em, node, dys, needs):
     n = len(kernel)
     strides = [int(s) for s in attrs.get("strides", [1] * n)]
     pads = [int(p) for p in attrs.get("pads", [0] * 2 * n)]
-    if attrs.get("ceil_mode", 0) or any(int(d) != 1 for d in attrs.get("dilations", [1] * n)):
-        raise _error(node, "uses ceil_mode=1 or dilations; the rule covers floor mode without dilations")
+    if any(int(d) != 1 for d in attrs.get("dilations", [1] * n)):
+        raise _error(node, "uses dilations; the rule covers pools without")
     if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
         raise _error(node, f"uses auto_pad={attrs['auto_pad']!r}; give its pads explicitly")
+    if attrs.get("ceil_mode", 0) and attrs.get("count_include_pad", 0):
+        raise _error(node, "uses ceil_mode=1 with count_include_pad=1: ORT 1.19.2 divides a window past "
+                           "the end pad by the whole kernel, ONNX's reference (1.17+), PyTorch and jaxort "
+                           "by its part inside the padded input, so no rule fits both")
     sizes, channels = dims[2:], dims[1]
+    outs = []
+    for i, (size, k, s) in enumerate(zip(sizes, kernel, strides)):
+        span = size + pads[i] + pads[i + n] - k
+        if attrs.get("ceil_mode", 0):
+            out = -(-span // s) + 1
+            outs.append(out - 1 if (out - 1) * s >= size + pads[i] else out)  # none starts in the end pad
+        else:
+            outs.append(span // s + 1)
     t = em.elem_type(x)
-    if attrs.get("count_include_pad", 0):
-        counts = np.full((1,), np.prod(kernel))
-    else:
-        counts = _window_counts(sizes, kernel, strides, pads)
+    counts = _window_counts(sizes, kernel, strides, pads, outs, attrs.get("count_include_pad", 0))
     scaled = em.op("Div", [dys[0], em.const(counts, t)])
     ones = em.const(np.ones([channels, 1] + kernel), t)
-    extra = [size + pads[i] + pads[i + n] - kernel[i] - ((size + pads[i] + pads[i + n] - kernel[i]) // strides[i])
-             * strides[i] for i, size in enumerate(sizes)]
-    return [em.op("ConvTranspose", [scaled, ones], group=channels, kernel_shape=kernel, strides=strides, pads=pads,
-                  output_padding=extra)]
+    ends = [max(pads[i + n], (out - 1) * s + k - size - pads[i])
+            for i, (size, k, s, out) in enumerate(zip(sizes, kernel, strides, outs))]
+    extra = [size - ((out - 1) * s + k - pads[i] - ends[i])
+             for i, (size, k, s, out) in enumerate(zip(sizes, kernel, strides, outs))]
+    return [em.op("ConvTranspose", [scaled, ones], group=channels, kernel_shape=kernel, strides=strides,
+                  pads=pads[:n] + ends, output_padding=extra)]
 
 
 def _global_average_pool(em, node, dys, needs):
