@@ -1109,6 +1109,45 @@ def test_average_pool_in_ceil_mode(shape, attrs):
            lambda p, d: (m @ p["x"].reshape(-1)).reshape(out_shape))
 
 
+@pytest.mark.parametrize("shape, attrs", [
+    ((2, 3, 6, 5), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "p": 2}),
+    ((1, 2, 7, 7), {"kernel_shape": [2, 2], "strides": [2, 2], "p": 1}),
+    ((1, 2, 5, 5), {"kernel_shape": [2, 2], "strides": [2, 2], "p": 3, "ceil_mode": 1}),
+    ((2, 2, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 2], "p": 2}),
+])
+def test_lp_pool(shape, attrs):
+    # ORT 1.19.2 has no rule: dY y^(1-p) spread over each window, times sign(x) |x|^(p-1).
+    x = _rand(*shape, seed=69, low=0.2, high=1.5) * np.where(_rand(*shape, seed=70) > 0, 1, -1).astype(np.float32)
+    # Each window's sum of |x|^p, windows by the spec's formula: ONNX's reference evaluator
+    # (onnx 1.23) sums ceil-mode windows past the end wrongly (ORT, onnx 1.16's and jaxort agree).
+    n, k, st = len(shape) - 2, attrs["kernel_shape"], attrs["strides"]
+    pads = attrs.get("pads", [0] * 2 * n)
+    per_axis = []
+    for i, size in enumerate(shape[2:]):
+        span = size + pads[i] + pads[i + n] - k[i]
+        out = (-(-span // st[i]) if attrs.get("ceil_mode") else span // st[i]) + 1
+        out -= bool(attrs.get("ceil_mode")) and (out - 1) * st[i] >= size + pads[i]
+        begin = np.arange(out)[:, None] * st[i] - pads[i]
+        per_axis.append(((np.arange(size) >= begin) & (np.arange(size) < begin + k[i])).astype(np.float32))
+    matrix = per_axis[0]
+    for axis in per_axis[1:]:
+        matrix = np.kron(matrix, axis)
+    channels = int(np.prod(shape[:2]))
+    window_sum = jnp.asarray(np.kron(np.eye(channels, dtype=np.float32), matrix))
+    out_shape = shape[:2] + tuple(a.shape[0] for a in per_axis)
+    p = attrs["p"]
+    _check([N("LpPool", ["x"], ["y"], **attrs)], {}, {"x": x},
+           lambda q, d: ((window_sum @ (jnp.abs(q["x"]) ** p).reshape(-1)) ** (1.0 / p)).reshape(out_shape),
+           opset=19)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_global_lp_pool(p):
+    x = _rand(2, 3, 4, 5, seed=71, low=-1.5, high=1.5)
+    _check([N("GlobalLpPool", ["x"], ["y"], p=p)], {}, {"x": x},
+           lambda q, d: jnp.sum(jnp.abs(q["x"]) ** p, axis=(2, 3), keepdims=True) ** (1.0 / p))
+
+
 def test_a_ceil_mode_average_pool_that_counts_pads_is_named():
     # ORT 1.19.2's forward divides the last window by 9 here, ONNX's reference (1.17+) by 6.
     attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "ceil_mode": 1,

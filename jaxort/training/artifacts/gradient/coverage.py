@@ -38,8 +38,8 @@ WITHOUT_RULE: dict = {
     "Swish": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
     "TensorScatter": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
     **{op: _NOT_YET for op in (
-        "AffineGrid", "CenterCropPad", "Col2Im", "Compress", "DFT", "DeformConv", "Det", "GlobalLpPool",
-        "GridSample", "LRN", "LpNormalization", "LpPool", "MaxUnpool",
+        "AffineGrid", "CenterCropPad", "Col2Im", "Compress", "DFT", "DeformConv", "Det",
+        "GridSample", "LRN", "LpNormalization", "MaxUnpool",
         "MeanVarianceNormalization", "Mod", "NegativeLogLikelihoodLoss", "RMSNormalization", "RNN",
         "ReverseSequence", "RoiAlign", "STFT")},
 }

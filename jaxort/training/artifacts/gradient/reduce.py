@@ -109,11 +109,9 @@ def _window_counts(sizes, kernel, strides, pads, outs, include_pad) -> np.ndarra
     return counts.reshape((1, 1) + counts.shape)
 
 
-def _average_pool(em, node, dys, needs):
-    # dY divided by each window's count, spread back over its window: a depthwise
-    # ConvTranspose with a kernel of ones, in standard ops (ORT's AveragePoolGrad kernel
-    # crashes 1.19.2 where its output has no declared shape, as in a gradient graph). In
-    # ceil mode the end pad grows to hold the last window.
+def _pool_windows(em, node):
+    """(channels, spatial sizes, kernel, strides, pads, output sizes) of an AveragePool or LpPool
+    whose gradient spreads each window's value back over it; the forms it cannot are named."""
     x = node.input[0]
     attrs = _attrs(node)
     dims = em.dims(x)
@@ -127,11 +125,7 @@ def _average_pool(em, node, dys, needs):
         raise _error(node, "uses dilations; the rule covers pools without")
     if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
         raise _error(node, f"uses auto_pad={attrs['auto_pad']!r}; give its pads explicitly")
-    if attrs.get("ceil_mode", 0) and attrs.get("count_include_pad", 0):
-        raise _error(node, "uses ceil_mode=1 with count_include_pad=1: ORT 1.19.2 divides a window past "
-                           "the end pad by the whole kernel, ONNX's reference (1.17+), PyTorch and jaxort "
-                           "by its part inside the padded input, so no rule fits both")
-    sizes, channels = dims[2:], dims[1]
+    sizes = dims[2:]
     outs = []
     for i, (size, k, s) in enumerate(zip(sizes, kernel, strides)):
         span = size + pads[i] + pads[i + n] - k
@@ -140,16 +134,57 @@ def _average_pool(em, node, dys, needs):
             outs.append(out - 1 if (out - 1) * s >= size + pads[i] else out)  # none starts in the end pad
         else:
             outs.append(span // s + 1)
-    t = em.elem_type(x)
-    counts = _window_counts(sizes, kernel, strides, pads, outs, attrs.get("count_include_pad", 0))
-    scaled = em.op("Div", [dys[0], em.const(counts, t)])
-    ones = em.const(np.ones([channels, 1] + kernel), t)
+    return dims[1], sizes, kernel, strides, pads, outs
+
+
+def _spread(em, node, values, windows):
+    """Each window's value added over its window: a depthwise ConvTranspose with a kernel of
+    ones, in standard ops (ORT's AveragePoolGrad kernel crashes 1.19.2 where its output has no
+    declared shape, as in a gradient graph). In ceil mode the end pad grows to hold the last
+    window."""
+    channels, sizes, kernel, strides, pads, outs = windows
+    n = len(kernel)
+    ones = em.const(np.ones([channels, 1] + kernel), em.elem_type(node.input[0]))
     ends = [max(pads[i + n], (out - 1) * s + k - size - pads[i])
             for i, (size, k, s, out) in enumerate(zip(sizes, kernel, strides, outs))]
     extra = [size - ((out - 1) * s + k - pads[i] - ends[i])
              for i, (size, k, s, out) in enumerate(zip(sizes, kernel, strides, outs))]
-    return [em.op("ConvTranspose", [scaled, ones], group=channels, kernel_shape=kernel, strides=strides,
-                  pads=pads[:n] + ends, output_padding=extra)]
+    return em.op("ConvTranspose", [values, ones], group=channels, kernel_shape=kernel, strides=strides,
+                 pads=pads[:n] + ends, output_padding=extra)
+
+
+def _average_pool(em, node, dys, needs):
+    # dY divided by each window's count, spread back over its window.
+    attrs = _attrs(node)
+    if attrs.get("ceil_mode", 0) and attrs.get("count_include_pad", 0):
+        raise _error(node, "uses ceil_mode=1 with count_include_pad=1: ORT 1.19.2 divides a window past "
+                           "the end pad by the whole kernel, ONNX's reference (1.17+), PyTorch and jaxort "
+                           "by its part inside the padded input, so no rule fits both")
+    windows = _pool_windows(em, node)
+    _, sizes, kernel, strides, pads, outs = windows
+    counts = _window_counts(sizes, kernel, strides, pads, outs, attrs.get("count_include_pad", 0))
+    return [_spread(em, node, em.op("Div", [dys[0], em.const(counts, em.elem_type(node.input[0]))]), windows)]
+
+
+def _lp_factor(em, node):
+    """sign(x) |x|^(p-1) and the exponent 1 - p of y: d y / d x = sign(x) |x|^(p-1) y^(1-p)."""
+    x = node.input[0]
+    t = em.elem_type(x)
+    p = float(_attrs(node).get("p", 2))
+    return em.op("Mul", [em.op("Sign", [x]), em.op("Pow", [em.op("Abs", [x]), em.const(p - 1.0, t)])]), \
+        em.const(1.0 - p, t)
+
+
+def _lp_pool(em, node, dys, needs):
+    # Each window's dY * y^(1-p), spread over it, times sign(x) |x|^(p-1) (ORT 1.19.2 has no rule).
+    factor, exponent = _lp_factor(em, node)
+    per_window = em.op("Mul", [dys[0], em.op("Pow", [node.output[0], exponent])])
+    return [em.op("Mul", [factor, _spread(em, node, per_window, _pool_windows(em, node))])]
+
+
+def _global_lp_pool(em, node, dys, needs):
+    factor, exponent = _lp_factor(em, node)
+    return [em.op("Mul", [factor, em.op("Mul", [dys[0], em.op("Pow", [node.output[0], exponent])])])]
 
 
 def _global_average_pool(em, node, dys, needs):
@@ -172,5 +207,5 @@ RULES: dict = {
     "ReduceMax": _reduce(_chosen), "ReduceMin": _reduce(_chosen),
     **{op: _reduce(fn) for op, fn in _SPREAD.items()},
     "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
-    "GlobalMaxPool": _global_max_pool,
+    "GlobalMaxPool": _global_max_pool, "LpPool": _lp_pool, "GlobalLpPool": _global_lp_pool,
 }
