@@ -93,8 +93,8 @@ def _max_pool(em, node, dys, needs):
 
 def _window_counts(sizes, kernel, strides, pads, outs, include_pad) -> np.ndarray:
     """What each of an AveragePool's windows divides by, shape ``[1, 1, *outs]``: the input
-    values under it, or with ``include_pad`` its extent within the padded input (a ceil-mode
-    window past the end pad is cut there, as ORT's kernel and PyTorch count it)."""
+    values under it, or with ``include_pad`` its extent within the padded input (the whole
+    kernel in floor mode, the only mode the rule takes with ``include_pad``)."""
     n = len(sizes)
     per_axis = []
     for i, (size, k, s, out) in enumerate(zip(sizes, kernel, strides, outs)):
