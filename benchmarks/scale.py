@@ -533,12 +533,17 @@ def _env(cache_dir):
     return env
 
 
-def run_model(name: str, cache: str, threads: str, systems, rounds: int, timeout: float) -> dict:
-    """One model at one thread setting: the timed subprocess, then jaxort.api cold and warm."""
+def run_model(name: str, cache: str, threads: str, systems, rounds: int, timeout: float,
+              first_steps: bool = False) -> dict:
+    """One model at one thread setting: the timed subprocess, then jaxort.api cold and warm.
+
+    With ``first_steps`` the first subprocess builds each system and takes its
+    first step only (no timed rounds).
+    """
     args = ["--worker", name, "--cache", cache, "--threads", threads, "--systems", ",".join(systems),
             "--rounds", str(rounds)]
     start = time.perf_counter()
-    config = _subprocess(args, threads, _env(None), timeout)
+    config = _subprocess(args + (["--first-only"] if first_steps else []), threads, _env(None), timeout)
     config["wall_s"] = time.perf_counter() - start
     config["ratios"] = _ratios(config)
     if "api" in systems:
@@ -579,9 +584,10 @@ def markdown(report: dict) -> str:
     lines = [f"`{report['command']}`", "",
              f"{m['cpus']} CPUs ({m['cpu']}); " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
              "",
-             f"{report['rounds']} interleaved rounds of one train step per system (order rotated); s/step is "
-             "the median (min–max) over rounds; A/ORT is the median of per-round ratios of A's steps/s to "
-             "ORT's (above 1: A is faster). First step: after the system is built (jaxort.api cold: a "
+             (f"{report['rounds']} interleaved rounds of one train step per system (order rotated); s/step is "
+              "the median (min–max) over rounds; A/ORT is the median of per-round ratios of A's steps/s to "
+              "ORT's (above 1: A is faster)." if report["rounds"] else "First steps only, no timed rounds.")
+             + " First step: after the system is built (jaxort.api cold: a "
              "fresh persistent compilation cache, warm: the same cache in a new process). RSS: growth over "
              "each system's build and first step, and the subprocess' peak.", ""]
     for threads in dict.fromkeys(c["threads"] for c in report["configs"]):
@@ -632,6 +638,9 @@ def main(argv=None) -> int:
     p.add_argument("--pin", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--export-worker", help=argparse.SUPPRESS)
+    p.add_argument("--first-steps", action="store_true",
+                   help="first steps only: each system's build and first step, jaxort.api's with a cold and a "
+                        "warm compilation cache; no timed rounds")
     p.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.pin:  # before jax, onnxruntime or torch is imported
@@ -659,14 +668,14 @@ def main(argv=None) -> int:
     export_wall = time.perf_counter() - wall
     if args.stage == "export":
         return 0
-    report = {"command": _command(argv), "smoke": args.smoke, "rounds": rounds,
+    report = {"command": _command(argv), "smoke": args.smoke, "rounds": 0 if args.first_steps else rounds,
               "machine": {"cpus": os.cpu_count(), "cpu": _cpu_model(),
                           "versions": _versions() | _versions_extra()},
               "models": exported, "configs": []}
     for t in threads:
         for name in names:
             print(f"== {name} threads={t}", file=sys.stderr, flush=True)
-            report["configs"].append(run_model(name, cache, t, systems, rounds, args.timeout))
+            report["configs"].append(run_model(name, cache, t, systems, rounds, args.timeout, args.first_steps))
     report["export_wall_s"] = export_wall
     report["wall_s"] = time.perf_counter() - wall
     out = args.out or (tempfile.mkdtemp(prefix="bench-scale-smoke-") if args.smoke else os.path.join(HERE, "results"))

@@ -6,7 +6,10 @@ form of the state it runs on (a TrainState, or a :class:`PackedState` of one
 on a mesh, and the static options of a deferred-call step (its schedule,
 whether it overwrites the gradients). :class:`CompiledSteps` compiles each
 key once, with ``jax.jit`` over the pure :class:`jaxort.training.steps.Steps`,
-and counts traces per kind. Layer: training.
+and counts traces per kind. Steps on one device whose program has a
+fingerprint are read from, or saved to, the step cache
+(:mod:`jaxort.training.step_cache`) on first use; those read count as
+loads, not traces. Layer: training.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from jaxort.training.packing import PackedState, Packing, Slot, pack, unpack
 from jaxort.training.pending import Pending
 from jaxort.training.sharding import Placement, placement_of
 from jaxort.training.state import TrainState
+from jaxort.training.step_cache import CachedStep, step_cache_dir
 from jaxort.training.steps import Steps
 
 __all__ = ["CompiledSteps", "StepKey", "StepKind"]
@@ -67,14 +71,19 @@ class CompiledSteps:
 
     Args:
       steps: the pure steps.
+      fingerprint: makes the program's fingerprint for the step cache
+        (called once, when the cache is first used; it returns None when the
+        steps depend on Python code), or None: never cached.
     """
 
-    def __init__(self, steps: Steps):
+    def __init__(self, steps: Steps, fingerprint: Optional[Callable[[], Optional[str]]] = None):
         self.steps = steps
+        self._fingerprint = fingerprint
         self._compiled: dict = {}  # StepKey -> compiled function; read without the lock
         self._flags: dict = {}  # (optimizer, set rate, schedule) -> their device arrays
         self._lock = threading.Lock()
         self.traces = collections.Counter()
+        self.loads = collections.Counter()
 
     # ------------------------------------------------------------------ dispatch
 
@@ -156,6 +165,15 @@ class CompiledSteps:
         if packing is not None:
             counted = _packed(counted, packing, kind)
         kwargs: dict[str, Any] = {} if kind is StepKind.EVAL else {"donate_argnums": 0}
+        if key.shardings is None and key.schedule is None and platform is not None:
+            fingerprint = self.fingerprint()
+            if fingerprint is not None:
+                return CachedStep(
+                    counted, jax.jit(counted, **kwargs), fingerprint=fingerprint, platform=platform,
+                    static=(kind.value, _packing_text(packing), key.micro_batches, key.reset_grad),
+                    donate_state=kind is not StepKind.EVAL,
+                    state_out={StepKind.EVAL: "outputs", StepKind.OPTIMIZER: "state"}.get(kind, "both"),
+                    on_load=functools.partial(self.loads.update, (kind,)))
         if key.shardings is not None:
             treedef, state_leaves, input_sh = key.shardings
             state_sh = jax.tree.unflatten(treedef, list(state_leaves))
@@ -164,6 +182,19 @@ class CompiledSteps:
             kwargs["out_shardings"] = {StepKind.EVAL: outputs, StepKind.OPTIMIZER: state_sh}.get(
                 kind, (state_sh, outputs))
         return jax.jit(counted, **kwargs)
+
+    def fingerprint(self) -> Optional[str]:
+        """The program's fingerprint for the step cache (:mod:`jaxort.training.step_cache`), or None.
+
+        Computed on first use, and only while the cache is on; None when the
+        program gave none (it depends on Python code the cache cannot see).
+        """
+        if self._fingerprint is None or step_cache_dir() is None:
+            return None
+        with self._lock:
+            if callable(self._fingerprint):
+                self._fingerprint = self._fingerprint() or None
+        return self._fingerprint
 
     def _core(self, key: StepKey, flat: bool, packing: Optional[Packing]) -> Callable:
         """The pure step of ``key`` as ``fn(state, *args)``."""
@@ -222,6 +253,13 @@ def _platform(state, placement: Optional[Placement]) -> Optional[str]:
             platforms = {d.platform for d in leaf.devices()}
             return platforms.pop() if len(platforms) == 1 else None
     return None
+
+
+def _packing_text(packing: Optional[Packing]) -> str:
+    """Every detail of ``packing``, as text that is the same in every process."""
+    if packing is None:
+        return "unpacked"
+    return repr((str(packing.treedef), packing.slots, packing.groups))
 
 
 def _is_slot(x) -> bool:

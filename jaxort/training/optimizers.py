@@ -309,12 +309,18 @@ class OrtOptimizer:
         rate as an extra argument.
       moment_names: the checkpoint names of the per-parameter states ORT saves
         (``("momentum0", "momentum1")`` for AdamW, ``("momentum0",)`` for SGD).
+      described: whether ``optimizer_type`` and ``hyperparameters`` say all
+        the transform does (true of :func:`adamw_optimizer`,
+        :func:`sgd_optimizer` and :func:`optimizer_from_model`; a hand-built
+        transform may do more). Steps over an optimizer so described may be
+        saved in the step cache (:mod:`jaxort.training.step_cache`).
     """
 
     optimizer_type: str
     hyperparameters: dict
     transform: optax.GradientTransformationExtraArgs
     moment_names: tuple
+    described: bool = False
 
     def init(self, params):
         """``transform.init``."""
@@ -575,7 +581,7 @@ def adamw_optimizer(**attributes) -> OrtOptimizer:
         None, alpha=hp["alpha"], beta=hp["beta"], epsilon=hp["epsilon"],
         weight_decay=hp["weight_decay"], adam_mode=int(hp["adam_mode"]),
         correct_bias=bool(hp["correct_bias"]))
-    return OrtOptimizer("AdamW", hp, tx, ("momentum0", "momentum1"))
+    return OrtOptimizer("AdamW", hp, tx, ("momentum0", "momentum1"), described=True)
 
 
 def sgd_optimizer() -> OrtOptimizer:
@@ -584,7 +590,7 @@ def sgd_optimizer() -> OrtOptimizer:
     Returns:
       The optimizer; its learning rate comes from the train state.
     """
-    return OrtOptimizer("SGD", {}, scale_by_ort_sgd(None), ("momentum0",))
+    return OrtOptimizer("SGD", {}, scale_by_ort_sgd(None), ("momentum0",), described=True)
 
 
 def optimizer_from_model(model) -> OrtOptimizer:

@@ -38,6 +38,7 @@ from jaxort.training.pending import Pending, run_pending
 from jaxort.training.precision import Policy, cast_model, compute_names
 from jaxort.training.sharding import gather, placement_of
 from jaxort.training.state import TrainState, restore_optimizer_state, state_from_checkpoint, state_to_checkpoint
+from jaxort.training.step_cache import program_fingerprint
 from jaxort.training.steps import Steps
 
 __all__ = ["TrainProgram"]
@@ -140,7 +141,20 @@ class TrainProgram:
             n_graph_inputs=len(info.input_names), n_eval_graph_inputs=n_eval_graph_inputs,
             output_name=self.output_names[0] if self.output_names else "loss", optimizer=optimizer,
             policy=policy, low_precision=(low_precision.get(id(training_model), frozenset()), eval_low),
-            input_names=self.input_names, eval_input_names=self.eval_input_names, loss_fn=loss_fn))
+            input_names=self.input_names, eval_input_names=self.eval_input_names, loss_fn=loss_fn),
+            fingerprint=self._step_fingerprint)
+
+    def _step_fingerprint(self) -> str | None:
+        """What the traced steps depend on, for the step cache; None where Python code decides (a loss, optax)."""
+        opt = self.optimizer
+        if self.loss_fn is not None or (opt is not None and not getattr(opt, "described", False)):
+            return None
+        steps = self._steps.steps
+        return program_fingerprint([self.training_model, self.eval_model], [
+            None if opt is None else (opt.optimizer_type, sorted(opt.hyperparameters.items())),
+            self.policy, self.fuse, self.input_names, self.output_names, self.eval_input_names,
+            self.eval_output_names, self.trainable_names, self.frozen_names, sorted(steps.eval_params),
+            [sorted(names) for names in steps.low_precision]])
 
     # ------------------------------------------------------------------ building
 
@@ -254,20 +268,28 @@ class TrainProgram:
     def trace_count(self, step: str | None = None) -> int:
         """How many times the steps were traced (each trace is a compilation).
 
+        A step read from the step cache (:mod:`jaxort.training.step_cache`)
+        is not traced: :meth:`load_count` counts those.
+
         Args:
           step: one of "train_step", "eval_step", "optimizer_step",
-            "train_and_update", "train_step_after"; None counts all.
+            "train_and_update", "train_steps", "train_step_after"; None counts all.
 
         Returns:
           The count.
         """
-        traces = self._steps.traces
-        if step is None:
-            return sum(traces.values())
-        try:
-            return traces[StepKind(step)]
-        except ValueError:
-            raise ValueError(f"step must be one of {tuple(k.value for k in StepKind)}, got {step!r}") from None
+        return _count(self._steps.traces, step)
+
+    def load_count(self, step: str | None = None) -> int:
+        """How many compiled steps were read from the step cache instead of traced.
+
+        Args:
+          step: as for :meth:`trace_count`.
+
+        Returns:
+          The count.
+        """
+        return _count(self._steps.loads, step)
 
     # ------------------------------------------------------------------ state
 
@@ -575,3 +597,13 @@ class TrainProgram:
 def _has_name(model: onnx.ModelProto, name: str) -> bool:
     g = model.graph
     return any(i.name == name for i in g.input) or any(t.name == name for t in g.initializer)
+
+
+def _count(counter, step: str | None) -> int:
+    """``counter``'s count for ``step`` (a StepKind value), or its total for None."""
+    if step is None:
+        return sum(counter.values())
+    try:
+        return counter[StepKind(step)]
+    except ValueError:
+        raise ValueError(f"step must be one of {tuple(k.value for k in StepKind)}, got {step!r}") from None

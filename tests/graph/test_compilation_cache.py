@@ -1,4 +1,5 @@
-"""The persistent compilation cache jaxort turns on (jaxort/graph/compilation_cache.py).
+"""The persistent compilation cache jaxort turns on (jaxort/graph/compilation_cache.py),
+and the traced steps it keeps beside it (jaxort/training/step_cache.py).
 
 Each case runs in fresh Python processes: the cache is process-wide JAX
 state, decided at the first compile. The suite itself runs with the cache
@@ -13,6 +14,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "mlp_adamw"
@@ -166,3 +168,108 @@ def test_turning_jaxort_s_cache_off_leaves_a_directory_given_to_jax(tmp_path):
     mine = str(tmp_path / "mine")
     out = _run({"JAX_COMPILATION_CACHE_DIR": mine}, _OFF_KEEPS_JAX_S)
     assert out == {"before": mine, "after": mine, "jax_dir": mine}
+
+
+# Two train steps around an optimizer step, then eval, through jaxort.api on
+# a golden case's artifacts (its optimizer model replaced by argv[2] when
+# given); prints the losses, how many steps were traced and how many read
+# from the step cache, and the entries of the step cache.
+_STEPS = r"""
+import json, os, pathlib, sys
+import numpy as np
+import jaxort.graph
+from jaxort.api import CheckpointState, Module, Optimizer
+d = sys.argv[1]
+optimizer_model = sys.argv[2] if len(sys.argv) > 2 else d + "/optimizer_model.onnx"
+module = Module(d + "/training_model.onnx", CheckpointState.load_checkpoint(d + "/checkpoint"),
+                d + "/eval_model.onnx")
+optimizer = Optimizer(optimizer_model, module)
+optimizer.set_learning_rate(0.01)
+batches = np.load(d + "/batches.npz")
+losses = [float(module(batches["train::input"][0], batches["train::labels"][0]))]
+optimizer.step()
+module.lazy_reset_grad()
+losses.append(float(module(batches["train::input"][1], batches["train::labels"][1])))
+module.eval()
+losses.append(float(module(batches["eval::input"], batches["eval::labels"])))
+program = module._state.session_state.program
+cache = jaxort.graph.compilation_cache_dir()
+steps = pathlib.Path(cache or ".", "jaxort-steps")
+print(json.dumps({"losses": losses, "traces": program.trace_count(), "loads": program.load_count(),
+                  "entries": sorted(p.name for p in steps.glob("*.jaxexport")) if cache else []}))
+"""
+
+
+def _golden_train_losses(case: str) -> list:
+    """ORT's losses of the first two train calls (the calls of _STEPS before eval)."""
+    calls = json.loads((GOLDEN.parent / case / "trajectory.json").read_text())["calls"]
+    return [c["result"]["loss"] for c in calls if c["call"] == "module.__call__" and c["mode"] == "train"][:2]
+
+
+def test_a_second_process_reads_its_steps_instead_of_tracing_them(tmp_path):
+    cache = {"JAXORT_COMPILATION_CACHE": str(tmp_path / "xla")}
+    first = _run(cache, _STEPS, str(GOLDEN))
+    assert first["traces"] >= 2 and first["loads"] == 0
+    assert len(first["entries"]) == first["traces"]
+    second = _run(cache, _STEPS, str(GOLDEN))
+    assert second["traces"] == 0 and second["loads"] == first["traces"]
+    assert second["entries"] == first["entries"]
+    # The same programs, compiled once: the same numbers, and ORT's.
+    assert second["losses"] == first["losses"]
+    uncached = _run({"JAXORT_COMPILATION_CACHE": "off"}, _STEPS, str(GOLDEN))
+    assert uncached["entries"] == [] and uncached["loads"] == 0
+    np.testing.assert_allclose(first["losses"], uncached["losses"], rtol=1e-6)
+    np.testing.assert_allclose(first["losses"][:2], _golden_train_losses("mlp_adamw"), rtol=1e-5)
+
+
+def test_another_optimizer_does_not_read_the_first_one_s_steps(tmp_path):
+    cache = {"JAXORT_COMPILATION_CACHE": str(tmp_path / "xla")}
+    adamw = _run(cache, _STEPS, str(GOLDEN))
+    sgd_model = str(GOLDEN.parent / "mlp_sgd" / "optimizer_model.onnx")
+    sgd = _run(cache, _STEPS, str(GOLDEN), sgd_model)
+    # The optimizer is part of the program's fingerprint: every step is traced anew, eval too.
+    assert sgd["traces"] == adamw["traces"] and sgd["loads"] == 0
+    assert len(sgd["entries"]) == len(adamw["entries"]) + sgd["traces"]
+    uncached = _run({"JAXORT_COMPILATION_CACHE": "off"}, _STEPS, str(GOLDEN), sgd_model)
+    np.testing.assert_allclose(sgd["losses"], uncached["losses"], rtol=1e-6)
+    assert sgd["losses"][1] != pytest.approx(adamw["losses"][1], rel=1e-4)
+
+
+def test_a_damaged_entry_is_traced_and_written_again(tmp_path):
+    cache = {"JAXORT_COMPILATION_CACHE": str(tmp_path / "xla")}
+    first = _run(cache, _STEPS, str(GOLDEN))
+    steps = tmp_path / "xla" / "jaxort-steps"
+    for name in first["entries"]:
+        (steps / name).write_bytes(b"not an exported program")
+    damaged = _run(cache, _STEPS, str(GOLDEN))
+    assert damaged["traces"] == first["traces"] and damaged["loads"] == 0
+    assert damaged["losses"] == first["losses"]
+    again = _run(cache, _STEPS, str(GOLDEN))
+    assert again["traces"] == 0 and again["loads"] == first["traces"]
+
+
+_OPTAX = r"""
+import json, pathlib, sys
+import numpy as np, optax
+import jaxort.graph
+from jaxort import checkpoint as ckpt
+from jaxort.training import TrainProgram
+d = sys.argv[1]
+checkpoint = ckpt.load(d + "/checkpoint")
+program = TrainProgram.from_artifacts(d + "/training_model.onnx", optimizer_model=optax.sgd(0.01),
+                                      checkpoint=checkpoint)
+state = program.init_state(checkpoint)
+batches = np.load(d + "/batches.npz")
+state, outputs = program.train_and_update(state, batches["train::input"][0], batches["train::labels"][0])
+steps = pathlib.Path(jaxort.graph.compilation_cache_dir(), "jaxort-steps")
+print(json.dumps({"traces": program.trace_count(), "loads": program.load_count(),
+                  "entries": sorted(p.name for p in steps.glob("*.jaxexport"))}))
+"""
+
+
+def test_steps_that_depend_on_python_code_are_not_saved(tmp_path):
+    # An optax optimizer is Python the fingerprint cannot see: its steps are traced every time.
+    cache = {"JAXORT_COMPILATION_CACHE": str(tmp_path / "xla")}
+    for _ in range(2):
+        out = _run(cache, _OPTAX, str(GOLDEN))
+        assert out == {"traces": 1, "loads": 0, "entries": []}
