@@ -45,9 +45,8 @@ from typing import Any, Callable, Iterable, Optional
 import jax
 import jaxlib
 
-from jaxort.graph import compilation_cache
-from jaxort.graph._registry import registered
-from jaxort.graph.patterns._match import registered_patterns
+from jaxort.graph import compilation_cache, registered
+from jaxort.graph.patterns import registered_patterns
 
 __all__ = ["SUBDIR", "CachedStep", "program_fingerprint", "step_cache_dir"]
 
