@@ -1584,3 +1584,78 @@ def test_group_normalization(opset, shape, groups):
 
     _check([N("GroupNormalization", ["x", "scale", "bias"], ["y"], epsilon=1e-3, num_groups=groups)], {},
            {"x": x, "scale": scale, "bias": bias}, ref, opset=opset)
+
+
+@pytest.mark.parametrize("shape, axes", [((2, 3, 4, 2), None), ((3, 4, 5), [1]), ((2, 3, 4), [0, -1])])
+def test_mean_variance_normalization(shape, axes):
+    x = _rand(*shape, seed=110, low=-2, high=2)
+    kept = [a % len(shape) for a in (axes or [0, 2, 3])]
+
+    def ref(p, d):  # the schema's function body
+        c = p["x"] - p["x"].mean(axis=tuple(kept), keepdims=True)
+        return c / (jnp.sqrt((c * c).mean(axis=tuple(kept), keepdims=True)) + 1e-9)
+
+    attrs = {} if axes is None else {"axes": axes}
+    _check([N("MeanVarianceNormalization", ["x"], ["y"], **attrs)], {}, {"x": x}, ref)
+
+
+@pytest.mark.skipif(not onnx.defs.has("RMSNormalization"), reason="onnx has no RMSNormalization (opset 23)")
+@pytest.mark.parametrize("shape, axis, scale_shape", [((2, 3, 8), -1, (8,)), ((2, 3, 4), 1, (3, 4)),
+                                                      ((2, 3, 4), 1, (1, 4)), ((4, 6), 0, (4, 6))])
+def test_rms_normalization(shape, axis, scale_shape):
+    x = _rand(*shape, seed=111, low=-2, high=2)
+    scale = _rand(*scale_shape, seed=112, low=0.5, high=1.5)
+    axes = tuple(range(axis % len(shape), len(shape)))
+
+    def ref(p, d):
+        return p["x"] / jnp.sqrt((p["x"] ** 2).mean(axis=axes, keepdims=True) + 1e-4) * p["scale"]
+
+    _check([N("RMSNormalization", ["x", "scale"], ["y"], axis=axis, epsilon=1e-4)], {},
+           {"x": x, "scale": scale}, ref, opset=23)
+
+
+@pytest.mark.parametrize("b_shape", [(3, 4), (4,), (3, 1)])
+def test_mod(b_shape):
+    # Values kept away from the quotient's integer steps, where the gradient jumps.
+    a = np.round(_rand(3, 4, seed=113, low=-6, high=6), 1) + 0.05
+    b = np.where(_rand(*b_shape, seed=114) < 0, -1.0, 1.0).astype(np.float32) * np.float32(1.3)
+
+    def ref(p, d):  # C's fmod
+        return p["a"] - p["b"] * jax.lax.stop_gradient(jnp.trunc(p["a"] / p["b"]))
+
+    _check([N("Mod", ["a", "b"], ["y"], fmod=1)], {}, {"a": a.astype(np.float32), "b": b}, ref)
+
+
+def test_mod_of_floats_without_fmod_is_refused():
+    a = _rand(3, seed=116)
+    with pytest.raises(TrainingError, match=r"Mod\) has floating-point inputs with fmod=0"):
+        _check([N("Mod", ["a", "b"], ["y"])], {}, {"a": a, "b": a + 2}, lambda p, d: p["a"])
+
+
+@pytest.mark.parametrize("batch_axis, time_axis", [(1, 0), (0, 1)])
+def test_reverse_sequence(batch_axis, time_axis):
+    x = _rand(4, 3, 2, seed=115) if batch_axis == 1 else _rand(3, 4, 2, seed=115)
+    lens = np.array([4, 1, 3], np.int64)
+
+    def ref(p, d):
+        v = p["x"] if batch_axis == 1 else jnp.swapaxes(p["x"], 0, 1)
+        cols = [jnp.concatenate([v[:n, b][::-1], v[n:, b]]) for b, n in enumerate(lens)]
+        out = jnp.stack(cols, axis=1)
+        return out if batch_axis == 1 else jnp.swapaxes(out, 0, 1)
+
+    _check([_const("lens", lens),
+            N("ReverseSequence", ["x", "lens"], ["y"], batch_axis=batch_axis, time_axis=time_axis)],
+           {}, {"x": x}, ref)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_one_hot_values(axis):
+    indices = np.array([[0, 3], [2, -1], [1, 1]], np.int64)
+    values = np.array([-0.5, 2.0], np.float32)
+
+    def ref(p, d):
+        hot = jax.nn.one_hot(np.where(indices < 0, indices + 4, indices), 4, axis=axis)
+        return jnp.where(hot > 0, p["values"][1], p["values"][0])
+
+    _check([_const("indices", indices), _const("depth", [4]),
+            N("OneHot", ["indices", "depth", "values"], ["y"], axis=axis)], {}, {"values": values}, ref)

@@ -93,7 +93,7 @@ def _shapes(model: onnx.ModelProto) -> dict:
     # onnx's shape inference does not know BatchNormInternal; its output 0 has the shape
     # of a BatchNormalization's.
     # Nor LSTMTraining and GRUTraining; their first outputs are an LSTM's and a GRU's.
-    # Nor QuickGelu, elementwise; nor (from onnx itself) GroupNormalization.
+    # Nor QuickGelu, elementwise; nor (from onnx itself) GroupNormalization and MeanVarianceNormalization.
     plain = onnx.ModelProto()
     plain.CopyFrom(model)
     for node in plain.graph.node:
@@ -106,8 +106,8 @@ def _shapes(model: onnx.ModelProto) -> dict:
         elif node.op_type == "QuickGelu" and node.domain == _MS_DOMAIN:  # elementwise
             node.op_type, node.domain = "Sigmoid", ""
             del node.attribute[:]
-        elif node.op_type == "GroupNormalization" and node.domain in ("", "ai.onnx"):
-            # onnx infers no shape for it (a function op); its output has its input's.
+        elif node.op_type in ("GroupNormalization", "MeanVarianceNormalization") and node.domain in ("", "ai.onnx"):
+            # onnx infers no shape for these (function ops); their output has their input's.
             node.op_type = "Identity"
             del node.input[1:]
             del node.attribute[:]

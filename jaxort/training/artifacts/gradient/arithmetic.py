@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxort.training.artifacts.gradient._common import _elementwise, _error, _scalar, _second_output, _unbroadcast
+from jaxort.training.artifacts.gradient._common import _attrs, _elementwise, _error, _scalar, _second_output, _unbroadcast
 
 
 def _add(em, node, dys, needs):
@@ -37,6 +37,20 @@ def _div(em, node, dys, needs):
     if needs[1]:
         db = _unbroadcast(em, node, em.op("Neg", [em.op("Div", [em.op("Mul", [dys[0], y]), b])]), b, y)
     return [da, db]
+
+
+def _mod(em, node, dys, needs):
+    # Y = A - B * trunc(A / B) (fmod=1, which floating-point inputs must set): dA = dY,
+    # dB = -dY * trunc(A / B), each summed over the axes it was broadcast along. ORT 1.19.2
+    # has no rule.
+    if not int(_attrs(node).get("fmod", 0)):
+        raise _error(node, "has floating-point inputs with fmod=0; the spec asks fmod=1 for them")
+    a, b = node.input
+    y = node.output[0]
+    q = em.op("Div", [a, b])
+    q = em.op("Mul", [em.op("Sign", [q]), em.op("Floor", [em.op("Abs", [q])])])
+    return [_unbroadcast(em, node, dys[0], a, y) if needs[0] else None,
+            _unbroadcast(em, node, em.op("Neg", [em.op("Mul", [dys[0], q])]), b, y) if needs[1] else None]
 
 
 def _sum(em, node, dys, needs):
@@ -126,7 +140,7 @@ def _dropout(em, node, dys, needs):
 
 #: op type -> rule.
 RULES: dict = {
-    "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Sum": _sum,
+    "Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div, "Mod": _mod, "Sum": _sum,
     "Max": _chosen, "Min": _chosen, "Mean": _mean,
     "Neg": _elementwise(lambda em, x, y, dy: em.op("Neg", [dy])),
     "Abs": _elementwise(lambda em, x, y, dy: em.op("Mul", [dy, em.op("Sign", [x])])),

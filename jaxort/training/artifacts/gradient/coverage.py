@@ -31,7 +31,6 @@ WITHOUT_RULE: dict = {
     "OptionalGetElement": "optional values: not on a tensor training path",
     "Range": "its scalar inputs set the output's length; no rule written",
     "Unique": "data-dependent output shape; no rule written",
-    "OneHot": "the indices are integers; the values input's rule is " + _NOT_YET,
     "MelWeightMatrix": "a constant of its integer inputs: no gradient",
     "Attention": "opset 23, newer than ORT 1.19.2 reads; " + _NOT_YET,
     "RotaryEmbedding": "opset 23, newer than ORT 1.19.2 reads; " + _NOT_YET,
@@ -40,8 +39,7 @@ WITHOUT_RULE: dict = {
     **{op: _NOT_YET for op in (
         "AffineGrid", "CenterCropPad", "Col2Im", "Compress", "DFT", "DeformConv", "Det",
         "GridSample", "LRN", "LpNormalization", "MaxUnpool",
-        "MeanVarianceNormalization", "Mod", "NegativeLogLikelihoodLoss", "RMSNormalization", "RNN",
-        "ReverseSequence", "RoiAlign", "STFT")},
+        "NegativeLogLikelihoodLoss", "RNN", "RoiAlign", "STFT")},
 }
 
 #: The default-domain ops onnxruntime-training 1.19.2 has a gradient builder for: the

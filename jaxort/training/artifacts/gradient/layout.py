@@ -226,6 +226,25 @@ def _trilu(em, node, dys, needs):
         [None] * (len(node.input) - 1)
 
 
+def _reverse_sequence(em, node, dys, needs):
+    # Reversing each sequence's first lengths[b] steps is its own inverse: dX is dY reversed alike.
+    attrs = _attrs(node)
+    return [em.op("ReverseSequence", [dys[0], node.input[1]], batch_axis=int(attrs.get("batch_axis", 1)),
+                  time_axis=int(attrs.get("time_axis", 0))), None]
+
+
+def _one_hot(em, node, dys, needs):
+    # Y = values[1] where the one-hot mask is set, else values[0]: d values = [sum of dY off
+    # the mask, sum of dY on it]. The indices and depth are integers (or only count).
+    indices, depth, _ = node.input
+    dy = dys[0]
+    mask = em.op("OneHot", [indices, depth, em.const([0, 1], em.elem_type(node.output[0]))],
+                 axis=int(_attrs(node).get("axis", -1)))
+    on = em.op("ReduceSum", [em.op("Mul", [dy, mask])], keepdims=0)
+    off = em.op("Sub", [em.op("ReduceSum", [dy], keepdims=0), on])
+    return [None, None, em.op("Concat", [em.op("Unsqueeze", [v, em.ints([0])]) for v in (off, on)], axis=0)]
+
+
 def _concat(em, node, dys, needs):
     dims = em.dims(node.output[0])
     if dims is None:
@@ -260,4 +279,5 @@ RULES: dict = {
     "GatherElements": _gather_elements, "TopK": _top_k, "CumSum": _cum_sum, "Trilu": _trilu,
     "ScatterElements": _scatter("GatherElements"), "ScatterND": _scatter("GatherND"),
     "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth,
+    "ReverseSequence": _reverse_sequence, "OneHot": _one_hot,
 }

@@ -1,4 +1,4 @@
-"""Gradient rules of LayerNormalization, InstanceNormalization, GroupNormalization and com.microsoft BatchNormInternal.
+"""Gradient rules of the normalizations (Layer, Instance, Group, MeanVariance, RMS) and com.microsoft BatchNormInternal.
 
 Also :func:`to_batch_norm_internal`, which writes BatchNormalization nodes
 as the BatchNormInternal its rule reads, as ORT's generate_artifacts does.
@@ -12,7 +12,7 @@ import onnx
 from onnx import helper
 
 from jaxort.graph import normalize_domain
-from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _attrs, _error, _ms_node
+from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _attrs, _error, _ms_node, _unbroadcast
 
 
 def _layer_normalization(em, node, dys, needs):
@@ -38,14 +38,19 @@ def _layer_normalization(em, node, dys, needs):
     return [o if need else None for o, need in zip(outs, needs)]
 
 
-def _normalized(em, x, axes, epsilon, t):
-    """(X normalized over ``axes``, the inverse std, the mean over ``axes``), from X (of type ``t``) alone."""
+def _mean_over(em, axes, t):
+    """``mean(v)``: the mean of ``v`` (of type ``t``) over ``axes``, kept as size-1 dimensions."""
     axes = em.ints(axes)
 
     def mean(v):
         total = em.op("ReduceSum", [v, axes], keepdims=1)
         return em.op("Div", [total, em.op("Cast", [em.op("Div", [em.op("Size", [v]), em.op("Size", [total])])], to=t)])
+    return mean
 
+
+def _normalized(em, x, axes, epsilon, t):
+    """(X normalized over ``axes``, the inverse std, the mean over ``axes``), from X (of type ``t``) alone."""
+    mean = _mean_over(em, axes, t)
     centred = em.op("Sub", [x, mean(x)])
     inv_std = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [mean(em.op("Mul", [centred, centred])),
                                                                em.const(float(epsilon), t)])])])
@@ -103,6 +108,50 @@ def _group_normalization(em, node, dys, needs):
     return [dx if needs[0] else None, d_scale if needs[1] else None, d_bias if needs[2] else None]
 
 
+def _mean_variance_normalization(em, node, dys, needs):
+    # Y = C / (sqrt(mean(C^2)) + 1e-9), C = X - mean(X), over ``axes`` (the schema's function
+    # body, epsilon outside the root): dX = (G - mean(G)) / D - C * mean(G * C) / (D^2 * S),
+    # S = sqrt(mean(C^2)), D = S + 1e-9. ORT 1.19.2 has no rule.
+    x = node.input[0]
+    dims = em.dims(x)
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    t = em.elem_type(x)
+    mean = _mean_over(em, [a % len(dims) for a in _attrs(node).get("axes", [0, 2, 3])], t)
+    centred = em.op("Sub", [x, mean(x)])
+    std = em.op("Sqrt", [mean(em.op("Mul", [centred, centred]))])
+    denominator = em.op("Add", [std, em.const(1e-9, t)])
+    g = dys[0]
+    first = em.op("Div", [em.op("Sub", [g, mean(g)]), denominator])
+    second = em.op("Div", [em.op("Mul", [centred, mean(em.op("Mul", [g, centred]))]),
+                           em.op("Mul", [em.op("Mul", [denominator, denominator]), std])])
+    return [em.op("Sub", [first, second])]
+
+
+def _rms_normalization(em, node, dys, needs):
+    # Y = X * R * scale, R = 1 / sqrt(mean(X^2) + epsilon) over the axes from ``axis`` on:
+    # dX = R * (G - X^ * mean(G * X^)), G = dY * scale, X^ = X * R; dScale sums dY * X^ over
+    # the axes scale was broadcast along. ORT 1.19.2 reads no opset 23 model, so has no rule.
+    x, scale = node.input[:2]
+    dims = em.dims(x)
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    attrs = _attrs(node)
+    t = em.elem_type(x)
+    mean = _mean_over(em, list(range(int(attrs.get("axis", -1)) % len(dims), len(dims))), t)
+    inv_rms = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [mean(em.op("Mul", [x, x])),
+                                                               em.const(float(attrs.get("epsilon", 1e-5)), t)])])])
+    xhat = em.op("Mul", [x, inv_rms])
+    dy = dys[0]
+    dx = d_scale = None
+    if needs[0]:
+        g = em.op("Mul", [dy, scale])
+        dx = em.op("Mul", [inv_rms, em.op("Sub", [g, em.op("Mul", [xhat, mean(em.op("Mul", [g, xhat]))])])])
+    if needs[1]:
+        d_scale = _unbroadcast(em, node, em.op("Mul", [dy, xhat]), scale, node.output[0])
+    return [dx, d_scale]
+
+
 def _same_shape(dims, normalized) -> bool:
     """Whether a scale or bias of ``dims`` is as large as the ``normalized`` shape (not broadcast).
 
@@ -156,7 +205,8 @@ def to_batch_norm_internal(model: onnx.ModelProto) -> None:
 
 #: op type -> rule.
 RULES: dict = {"LayerNormalization": _layer_normalization, "InstanceNormalization": _instance_normalization,
-               "GroupNormalization": _group_normalization}
+               "GroupNormalization": _group_normalization, "MeanVarianceNormalization": _mean_variance_normalization,
+               "RMSNormalization": _rms_normalization}
 
 #: com.microsoft op type -> rule.
 MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal}
