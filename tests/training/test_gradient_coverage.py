@@ -35,6 +35,6 @@ def test_the_tables_are_consistent():
 
 def test_the_coverage_table_is_current(load_tool):
     text = load_tool("make_gradient_table").render()
-    assert "| Resize | `resize.py` | yes |" in text and "| LRN | - | - |" in text
+    assert "| Resize | `resize.py` | yes |" in text and "| Det | - | - |" in text
     assert (ROOT / "docs" / "gradient-coverage.md").read_text(encoding="utf-8") == text, \
         "docs/gradient-coverage.md is stale: run make gradient-table"

@@ -66,17 +66,18 @@ def _ort_has_training_kernels() -> bool:
     return True
 
 
-def _gradient_runs(model: onnx.ModelProto, trainable) -> dict:
+def _gradient_runs(model: onnx.ModelProto, trainable, runners=("jaxort", "onnxruntime")) -> dict:
     """Runner name -> run(feeds) -> the ``<param>_grad`` values of :func:`_gradient_model`.
 
-    jaxort's executor always; onnxruntime where it has every op of the graph.
+    jaxort's executor always; onnxruntime where it has every op of the graph (and is in ``runners``).
     """
     from jaxort.graph import JaxGraph
 
     m = _gradient_model(model, trainable)
     g = JaxGraph(m, params=[], check=False)
     runs = {"jaxort": lambda feeds: [np.asarray(v) for v in g.apply(g.params, *(feeds[i.name] for i in g.inputs))]}
-    if _ort_has_training_kernels() or all(n.domain in ("", "ai.onnx") for n in m.graph.node):
+    if "onnxruntime" in runners and (_ort_has_training_kernels() or all(n.domain in ("", "ai.onnx")
+                                                                       for n in m.graph.node)):
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         runs["onnxruntime"] = lambda feeds: sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
     return runs
@@ -114,9 +115,11 @@ def test_gradients_equal_what_ort_computed_on_its_own_artifacts(case, tmp_path):
 # --------------------------------------------------------------------------- rule by rule
 
 
-def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, atol=1e-5, seed=0):
+def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, atol=1e-5, seed=0,
+           runners=("jaxort", "onnxruntime")):
     """Gradients of sum(y * r) (y the last node's output) w.r.t. ``params``: ORT on the
-    emitted graph vs ``jax.grad`` of ``reference(params, data)``."""
+    emitted graph vs ``jax.grad`` of ``reference(params, data)``; ``runners`` limits which
+    of jaxort's executor and onnxruntime run it (where onnxruntime refuses a valid forward)."""
     y = nodes[-1].output[0]
     rng = np.random.default_rng(seed)
     ref_y = np.asarray(reference({k: jnp.asarray(v) for k, v in params.items()}, data))
@@ -139,7 +142,7 @@ def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, a
         return jnp.sum(reference(p, data) * r)
 
     want = jax.grad(objective)({k: jnp.asarray(v) for k, v in params.items()})
-    for runner, run in _gradient_runs(model, list(params)).items():
+    for runner, run in _gradient_runs(model, list(params), runners).items():
         for name, g in zip(params, run({**data, **params})):
             np.testing.assert_allclose(g, np.asarray(want[name]), rtol=rtol, atol=atol,
                                        err_msg=f"{name} ({runner})")
@@ -1659,3 +1662,63 @@ def test_one_hot_values(axis):
 
     _check([_const("indices", indices), _const("depth", [4]),
             N("OneHot", ["indices", "depth", "values"], ["y"], axis=axis)], {}, {"values": values}, ref)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("ignore", [None, 2])
+@pytest.mark.parametrize("spatial", [False, True])
+def test_negative_log_likelihood_loss(reduction, weighted, ignore, spatial):
+    shape = (5, 4, 3) if spatial else (5, 4)
+    x = _rand(*shape, seed=117, low=-3, high=0)
+    target = np.random.default_rng(118).integers(0, 4, (5, 3) if spatial else (5,)).astype(np.int64)
+    target.flat[1] = 2  # an ignored target where ignore_index is 2
+    weights = np.array([0.5, 1.0, 2.0, 1.5], np.float32)
+    data = {"target": target, **({"weights": weights} if weighted else {})}
+    attrs = {"reduction": reduction, **({} if ignore is None else {"ignore_index": ignore})}
+    node = N("NegativeLogLikelihoodLoss", ["x", "target"] + (["weights"] if weighted else []), ["y"], **attrs)
+
+    def ref(p, d):
+        picked = jnp.take_along_axis(p["x"], target[:, None], axis=1)[:, 0]
+        w = (weights[target] if weighted else np.ones(target.shape, np.float32)) * (target != ignore)
+        per = -picked * w
+        if reduction == "none":
+            return per
+        return per.sum() / (w.sum() if reduction == "mean" else 1.0)
+
+    _check([node], data, {"x": x}, ref)
+
+
+@pytest.mark.parametrize("axis, condition", [(0, [True, False, True, True]), (1, [False, True]),
+                                             (-1, [1, 0, 1]), (None, [0, 1, 1, 0, 0, 1, 1])])
+def test_compress(axis, condition):
+    # A condition shorter than the axis (or the flattened input) drops what lies past it.
+    x = _rand(4, 3, seed=119)
+    condition = np.asarray(condition, bool)
+
+    def ref(p, d):
+        v = p["x"].reshape(-1) if axis is None else p["x"]
+        return jnp.take(v, np.flatnonzero(condition), axis=0 if axis is None else axis)
+
+    cond = N("Constant", [], ["condition"], value=numpy_helper.from_array(condition))
+    attrs = {} if axis is None else {"axis": axis}
+    _check([cond, N("Compress", ["x", "condition"], ["y"], **attrs)], {}, {"x": x}, ref)
+
+
+@pytest.mark.parametrize("shape, size", [((2, 5, 3, 2), 3), ((2, 6, 4, 1), 5), ((1, 4, 2, 2), 1), ((2, 3, 2, 3), 5),
+                                         ((2, 6, 4), 4), ((2, 5, 3, 2), 2)])
+def test_lrn(shape, size):
+    # onnxruntime's LRN kernel takes four dimensions and odd sizes only; jaxort's any.
+    x = _rand(*shape, seed=120, low=-2, high=2)
+    alpha, beta, bias = 0.3, 0.6, 1.5
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+
+    def ref(p, d):  # the spec's formula, channel by channel
+        sq = p["x"] ** 2
+        sums = jnp.stack([sq[:, max(0, c - lo):min(shape[1], c + hi + 1)].sum(axis=1) for c in range(shape[1])],
+                         axis=1)
+        return p["x"] / (bias + alpha / size * sums) ** beta
+
+    ort_runs = len(shape) == 4 and size % 2
+    _check([N("LRN", ["x"], ["y"], size=size, alpha=alpha, beta=beta, bias=bias)], {}, {"x": x}, ref,
+           runners=("jaxort", "onnxruntime") if ort_runs else ("jaxort",))

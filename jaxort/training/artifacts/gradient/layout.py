@@ -11,7 +11,7 @@ Part of the training layer: it imports the rules' shared helpers only.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from jaxort.training.artifacts.gradient._common import _attrs, _error, _filled, _ms_node, _unbroadcast
 
@@ -79,6 +79,25 @@ def _gather(em, node, dys, needs):
     out = em.name("GatherGrad")
     _ms_node(em, "GatherGrad", [em.op("Shape", [node.input[0]]), node.input[1], dys[0]], [out], node.attribute)
     return [out, None]
+
+
+def _compress(em, node, dys, needs):
+    # Compress is Gather at NonZero(condition) (of X flattened, without an axis), so its
+    # gradient is GatherGrad's at those indices. ORT 1.19.2 has no rule.
+    x, condition = node.input
+    indices = em.op("Reshape", [em.op("NonZero", [condition]), em.ints([-1])])
+    attrs = _attrs(node)
+    out = em.name("GatherGrad")
+    if "axis" in attrs:
+        dims = em.dims(x)
+        if dims is None:
+            raise _error(node, "has an input of unknown rank")
+        axis = helper.make_attribute("axis", int(attrs["axis"]) % len(dims))
+        _ms_node(em, "GatherGrad", [em.op("Shape", [x]), indices, dys[0]], [out], [axis])
+        return [out, None]
+    _ms_node(em, "GatherGrad", [em.op("Reshape", [em.op("Size", [x]), em.ints([1])]), indices, dys[0]], [out],
+             [helper.make_attribute("axis", 0)])
+    return [em.op("Reshape", [out, em.op("Shape", [x])]), None]
 
 
 def _gather_nd(em, node, dys, needs):
@@ -275,7 +294,8 @@ def _split(em, node, dys, needs):
 RULES: dict = {
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
-    "Gather": _gather, "GatherND": _gather_nd, "Concat": _concat, "Split": _split, "Tile": _tile, "Pad": _pad,
+    "Gather": _gather, "GatherND": _gather_nd, "Compress": _compress,
+    "Concat": _concat, "Split": _split, "Tile": _tile, "Pad": _pad,
     "GatherElements": _gather_elements, "TopK": _top_k, "CumSum": _cum_sum, "Trilu": _trilu,
     "ScatterElements": _scatter("GatherElements"), "ScatterND": _scatter("GatherND"),
     "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth,

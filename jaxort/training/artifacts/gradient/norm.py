@@ -1,4 +1,4 @@
-"""Gradient rules of the normalizations (Layer, Instance, Group, MeanVariance, RMS) and com.microsoft BatchNormInternal.
+"""Gradient rules of the normalizations (Layer, Instance, Group, MeanVariance, RMS, LRN) and com.microsoft BatchNormInternal.
 
 Also :func:`to_batch_norm_internal`, which writes BatchNormalization nodes
 as the BatchNormInternal its rule reads, as ORT's generate_artifacts does.
@@ -8,6 +8,7 @@ Part of the training layer: it imports onnx and the rules' shared helpers only.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -152,6 +153,36 @@ def _rms_normalization(em, node, dys, needs):
     return [dx, d_scale]
 
 
+def _lrn(em, node, dys, needs):
+    # Y = X * S^-beta, S = bias + alpha / size * (X^2 summed over the channels c - lo .. c + hi),
+    # lo = (size - 1) // 2, hi = size - 1 - lo: dX = dY * S^-beta - 2 alpha beta / size * X *
+    # (U summed over the channels i - hi .. i + lo), U = dY * X * S^(-beta - 1). Both window
+    # sums are a Conv of a ones kernel along the channels of X seen as [N, 1, C, -1].
+    # ORT 1.19.2 has no rule.
+    x = node.input[0]
+    attrs = _attrs(node)
+    size = int(attrs["size"])
+    alpha, beta, bias = (float(attrs.get(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    t = em.elem_type(x)
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    shape = em.op("Shape", [x])
+    channels = em.op("Concat", [em.op("Gather", [shape, em.ints([0])]), em.ints([1]),
+                                em.op("Gather", [shape, em.ints([1])]), em.ints([-1])], axis=0)
+    ones = em.const(np.ones((1, 1, size, 1)), t)
+
+    def window(v, before, after):
+        return em.op("Reshape", [em.op("Conv", [em.op("Reshape", [v, channels]), ones], pads=[before, 0, after, 0]),
+                                 shape])
+
+    s = em.op("Add", [em.const(bias, t), em.op("Mul", [em.const(alpha / size, t),
+                                                      window(em.op("Mul", [x, x]), lo, hi)])])
+    s_beta = em.op("Pow", [s, em.const(-beta, t)])
+    dy = dys[0]
+    u = em.op("Div", [em.op("Mul", [em.op("Mul", [dy, x]), s_beta]), s])
+    spread = em.op("Mul", [em.op("Mul", [x, window(u, hi, lo)]), em.const(2.0 * alpha * beta / size, t)])
+    return [em.op("Sub", [em.op("Mul", [dy, s_beta]), spread])]
+
+
 def _same_shape(dims, normalized) -> bool:
     """Whether a scale or bias of ``dims`` is as large as the ``normalized`` shape (not broadcast).
 
@@ -206,7 +237,7 @@ def to_batch_norm_internal(model: onnx.ModelProto) -> None:
 #: op type -> rule.
 RULES: dict = {"LayerNormalization": _layer_normalization, "InstanceNormalization": _instance_normalization,
                "GroupNormalization": _group_normalization, "MeanVarianceNormalization": _mean_variance_normalization,
-               "RMSNormalization": _rms_normalization}
+               "RMSNormalization": _rms_normalization, "LRN": _lrn}
 
 #: com.microsoft op type -> rule.
 MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal}
