@@ -1722,3 +1722,21 @@ def test_lrn(shape, size):
     ort_runs = len(shape) == 4 and size % 2
     _check([N("LRN", ["x"], ["y"], size=size, alpha=alpha, beta=beta, bias=bias)], {}, {"x": x}, ref,
            runners=("jaxort", "onnxruntime") if ort_runs else ("jaxort",))
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+@pytest.mark.parametrize("axes, keepdims", [([1], 1), ([0, -1], 0), (None, 0), ([2], 1)])
+def test_reduce_prod_is_exact_where_values_are_zero(opset, axes, keepdims):
+    # Rows with no zero, one zero and two zeros along each reduced axis; jax.grad of jnp.prod
+    # gives the product of the others there too.
+    x = _rand(3, 4, 2, seed=121, low=0.5, high=1.5) * np.where(_rand(3, 4, 2, seed=122) < 0, -1, 1)
+    x[0, 1, 0] = 0.0
+    x[1, 2, :] = 0.0
+    x[2, 0, 1] = x[2, 3, 1] = 0.0
+    x = x.astype(np.float32)
+    attrs = {"keepdims": keepdims}
+    nodes = [N("ReduceProd", ["x"], ["y"], **attrs, **({} if axes is None else {"axes": axes}))]
+    if opset >= 18 and axes is not None:
+        nodes = [_const("axes", axes), N("ReduceProd", ["x", "axes"], ["y"], **attrs)]
+    axis = None if axes is None else tuple(a % 3 for a in axes)
+    _check(nodes, {}, {"x": x}, lambda p, d: jnp.prod(p["x"], axis=axis, keepdims=bool(keepdims)), opset=opset)

@@ -17,9 +17,8 @@ _NOT_YET = "not written yet"
 WITHOUT_RULE: dict = {
     "BatchNormalization": "written as com.microsoft::BatchNormInternal before the rules run (its rule is "
                           "in MS_RULES), as ORT's generate_artifacts does",
-    "ReduceProd": "dY * Y / X divides by zero where an input is 0; an exact rule needs the products of the "
-                  "other values",
-    "CumProd": "as ReduceProd: an exact rule needs products that skip zeros",
+    "CumProd": "an exact rule needs products that skip zeros (ReduceProd's counts them; a running "
+               "product needs more); not written yet",
     "If": "control flow: no rule differentiates through subgraphs yet",
     "Loop": "control flow: no rule differentiates through subgraphs yet",
     "Scan": "control flow: no rule differentiates through subgraphs yet",

@@ -13,8 +13,9 @@ from onnx import helper
 from jaxort.training.artifacts.gradient._common import _attrs, _error, _filled, _ms_node, _second_output
 
 
-def _reduce(spread: Callable) -> Callable:
-    """A rule for a reduction: ``spread(em, x, y, dy)`` -> dX, with Y and dY of kept axes (rank of X)."""
+def _reduce(spread: Callable, with_axes: bool = False) -> Callable:
+    """A rule for a reduction: ``spread(em, x, y, dy)`` -> dX, with Y and dY of kept axes (rank of X);
+    ``spread(em, x, y, dy, axes)`` with ``with_axes`` (the reduced axes, sorted, non-negative)."""
     def rule(em, node, dys, needs):
         x, y = node.input[0], node.output[0]
         attrs = _attrs(node)
@@ -36,7 +37,7 @@ def _reduce(spread: Callable) -> Callable:
         dy = dys[0]
         if not attrs.get("keepdims", 1):
             dy, y = (em.op("Unsqueeze", [v, em.ints(axes)]) for v in (dy, y))
-        return [spread(em, x, y, dy)] + rest
+        return [spread(em, x, y, dy, axes) if with_axes else spread(em, x, y, dy)] + rest
 
     return rule
 
@@ -63,6 +64,26 @@ def _global_max_pool(em, node, dys, needs):
     # dY where X is its channel's maximum (every tie gets it), spread over X's shape.
     x = node.input[0]
     return [_chosen(em, x, node.output[0], dys[0])]
+
+
+def _prod(em, x, y, dy, axes):
+    # Each value's gradient is the product of the others, without dividing by a zero (as
+    # PyTorch's prod_backward): Y / X where no value reduced together is 0; where one is, the
+    # product of the others at the zero and 0 elsewhere; where two or more are, 0. ORT 1.19.2
+    # has no rule.
+    t = em.elem_type(x)
+    is_zero = em.op("Equal", [x, em.const(0.0, t)])
+    kept = {"keepdims": 1}
+    count = em.op("ReduceSum", [em.op("Cast", [is_zero], to=t), em.ints(axes)], **kept)
+    nonzero = em.op("Where", [is_zero, em.const(1.0, t), x])
+    if em.opset >= 18:  # ReduceProd took its axes as an attribute before opset 18
+        others = em.op("ReduceProd", [nonzero, em.ints(axes)], **kept)
+    else:
+        others = em.op("ReduceProd", [nonzero], axes=list(axes), **kept)
+    zero = em.const(0.0, t)
+    at_the_zero = em.op("Where", [em.op("And", [em.op("Equal", [count, em.const(1.0, t)]), is_zero]), others, zero])
+    grad = em.op("Where", [em.op("Equal", [count, zero]), em.op("Div", [others, x]), at_the_zero])
+    return em.op("Mul", [dy, grad])
 
 
 #: Reductions whose gradient is ``dY * f(X, Y)``, in standard ops (ORT 1.19.2 has no rules).
@@ -205,7 +226,7 @@ def _global_average_pool(em, node, dys, needs):
 RULES: dict = {
     "ReduceSum": _reduce(_sum), "ReduceMean": _reduce(_mean),
     "ReduceMax": _reduce(_chosen), "ReduceMin": _reduce(_chosen),
-    **{op: _reduce(fn) for op, fn in _SPREAD.items()},
+    **{op: _reduce(fn) for op, fn in _SPREAD.items()}, "ReduceProd": _reduce(_prod, with_axes=True),
     "MaxPool": _max_pool, "AveragePool": _average_pool, "GlobalAveragePool": _global_average_pool,
     "GlobalMaxPool": _global_max_pool, "LpPool": _lp_pool, "GlobalLpPool": _global_lp_pool,
 }
