@@ -1740,3 +1740,47 @@ def test_reduce_prod_is_exact_where_values_are_zero(opset, axes, keepdims):
         nodes = [_const("axes", axes), N("ReduceProd", ["x", "axes"], ["y"], **attrs)]
     axis = None if axes is None else tuple(a % 3 for a in axes)
     _check(nodes, {}, {"x": x}, lambda p, d: jnp.prod(p["x"], axis=axis, keepdims=bool(keepdims)), opset=opset)
+
+
+def test_max_unpool():
+    # The indices MaxPool gives for a 2x2, stride-2 pool of a [2, 3, 4, 4] input (flattened
+    # over the whole tensor, as onnxruntime counts them).
+    source = _rand(2, 3, 4, 4, seed=123)
+    windows = source.reshape(2, 3, 2, 2, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 2, 2, 4)
+    arg = windows.argmax(-1)
+    rows = np.arange(2)[:, None] * 2 + arg // 2
+    cols = np.arange(2)[None, :] * 2 + arg % 2
+    base = (np.arange(2)[:, None, None, None] * 3 + np.arange(3)[None, :, None, None]) * 16
+    indices = (base + rows * 4 + cols).astype(np.int64)
+    x = _rand(2, 3, 2, 2, seed=124)
+
+    def ref(p, d):
+        return jnp.zeros(96, jnp.float32).at[indices.reshape(-1)].set(p["x"].reshape(-1)).reshape(2, 3, 4, 4)
+
+    _check([_const("indices", indices), N("MaxUnpool", ["x", "indices"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+           {}, {"x": x}, ref)
+
+
+@pytest.mark.parametrize("shape, sizes, axes", [((5, 6), [3, 8], None), ((2, 7, 4), [4, 6], [1, 2]),
+                                                ((3, 4, 5), [2], [-1])])
+def test_center_crop_pad(shape, sizes, axes):
+    x = _rand(*shape, seed=125)
+    axes_ = list(range(len(shape))) if axes is None else [a % len(shape) for a in axes]
+
+    def ref(p, d):  # the spec: crop or zero-pad each axis about its centre
+        v = p["x"]
+        for axis, size in zip(axes_, sizes):
+            n = v.shape[axis]
+            if size <= n:
+                start = (n - size) // 2
+                v = jax.lax.slice_in_dim(v, start, start + size, axis=axis)
+            else:
+                before = (size - n) // 2
+                pads = [(0, 0)] * v.ndim
+                pads[axis] = (before, size - n - before)
+                v = jnp.pad(v, pads)
+        return v
+
+    attrs = {} if axes is None else {"axes": axes}
+    _check([_const("sizes", sizes), N("CenterCropPad", ["x", "sizes"], ["y"], **attrs)], {}, {"x": x}, ref,
+           opset=18)

@@ -100,6 +100,28 @@ def _compress(em, node, dys, needs):
     return [em.op("Reshape", [out, em.op("Shape", [x])]), None]
 
 
+def _max_unpool(em, node, dys, needs):
+    # MaxUnpool writes each X value at its index into the flattened output (MaxPool's Indices,
+    # which count across the batch and channels): dX is dY read back there. ORT 1.19.2 has no rule.
+    x, indices = node.input[:2]
+    flat = em.ints([-1])
+    picked = em.op("Gather", [em.op("Reshape", [dys[0], flat]), em.op("Reshape", [indices, flat])], axis=0)
+    return [em.op("Reshape", [picked, em.op("Shape", [x])])] + [None] * (len(node.input) - 1)
+
+
+def _center_crop_pad(em, node, dys, needs):
+    # Cropping and zero padding about the centre are each other's adjoints, with the same
+    # offsets ((larger - smaller) // 2): dX is dY centre-cropped or padded back to X's shape.
+    # ORT 1.19.2 has no rule.
+    x = node.input[0]
+    dims = em.dims(x)
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    axes = [int(a) % len(dims) for a in _attrs(node).get("axes", range(len(dims)))]
+    sizes = em.op("Gather", [em.op("Shape", [x]), em.ints(axes)])
+    return [em.op("CenterCropPad", [dys[0], sizes], axes=axes), None]
+
+
 def _gather_nd(em, node, dys, needs):
     # GatherNDGrad(Shape(data), indices, dY): dY added where GatherND read, repeated indices
     # summed, as ORT's builder writes it.
@@ -294,7 +316,8 @@ def _split(em, node, dys, needs):
 RULES: dict = {
     "Flatten": _like_input, "Reshape": _like_input, "Squeeze": _like_input, "Unsqueeze": _like_input,
     "Expand": _expand, "Transpose": _transpose, "Slice": _slice,
-    "Gather": _gather, "GatherND": _gather_nd, "Compress": _compress,
+    "Gather": _gather, "GatherND": _gather_nd, "Compress": _compress, "MaxUnpool": _max_unpool,
+    "CenterCropPad": _center_crop_pad,
     "Concat": _concat, "Split": _split, "Tile": _tile, "Pad": _pad,
     "GatherElements": _gather_elements, "TopK": _top_k, "CumSum": _cum_sum, "Trilu": _trilu,
     "ScatterElements": _scatter("GatherElements"), "ScatterND": _scatter("GatherND"),
