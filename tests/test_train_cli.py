@@ -215,22 +215,22 @@ def test_generate_artifacts_then_inspect_then_export(tmp_path, capsys):
 
 
 def test_generate_artifacts_names_an_op_without_a_gradient_rule(tmp_path, capsys):
-    # LpNormalization has no gradient rule for ONNX Runtime's graph yet: by default the jaxort-only
+    # Det has no gradient rule for ONNX Runtime's graph yet: by default the jaxort-only
     # files and one warning line naming the node; --gradient-graph makes it one error line;
     # --no-gradient-graph writes the jaxort-only files without a word.
     rng = np.random.default_rng(0)
-    w = onnx.numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
+    w = onnx.numpy_helper.from_array(rng.normal(size=(3, 3)).astype(np.float32), "w")
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-         onnx.helper.make_node("LpNormalization", ["h"], ["y"], name="probs")], "g",
-        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])], [w])
+         onnx.helper.make_node("Det", ["h"], ["y"], name="probs")], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 3])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])], [w])
     model = tmp_path / "m.onnx"
     onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), model)
     args = ["generate-artifacts", str(model), "--requires-grad", "w", "--loss", "MSELoss"]
     assert main(args + ["--gradient-graph", "-o", str(tmp_path / "a")]) == 1
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "'probs' (ai.onnx::LpNormalization) has no gradient rule" in err
+    assert len(err.strip().splitlines()) == 1 and "'probs' (ai.onnx::Det) has no gradient rule" in err
     assert not (tmp_path / "a").exists() or not list((tmp_path / "a").iterdir())
     for flags, folder in (([], "b"), (["--no-gradient-graph"], "c")):
         assert main(args + flags + ["-o", str(tmp_path / folder)]) == 0
@@ -241,7 +241,7 @@ def test_generate_artifacts_names_an_op_without_a_gradient_rule(tmp_path, capsys
             assert err == []
         else:
             assert len(err) == 1 and err[0].startswith("warning: jaxort-only artifacts, ONNX Runtime cannot")
-            assert "'probs' (ai.onnx::LpNormalization) has no gradient rule" in err[0] and "--gradient-graph" in err[0]
+            assert "'probs' (ai.onnx::Det) has no gradient rule" in err[0] and "--gradient-graph" in err[0]
 
 
 

@@ -418,14 +418,16 @@ def test_onnxblock_blocks_are_refused_not_taken_for_jax_losses(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def _lp_normalization_model(path):
+def _det_model(path):
     rng = np.random.default_rng(3)
-    w = numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
+    w = numpy_helper.from_array(rng.normal(size=(4, 9)).astype(np.float32), "w")
+    square = numpy_helper.from_array(np.array([5, 3, 3], np.int64), "square")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-         helper.make_node("LpNormalization", ["h"], ["y"], name="act")], "g",
+         helper.make_node("Reshape", ["h", "square"], ["m"], name="to_matrices"),
+         helper.make_node("Det", ["m"], ["y"], name="act")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 3])], [w])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5])], [w, square])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return numpy_helper.to_array(w)
 
@@ -435,9 +437,9 @@ def test_an_op_without_a_rule_gives_jaxort_only_artifacts_and_a_warning_naming_i
     from jaxort.errors import NoGradientGraphWarning
     from jaxort.training.artifacts.gradient import RULES
 
-    assert "LpNormalization" not in RULES
-    w = _lp_normalization_model(tmp_path / "m.onnx")
-    with pytest.warns(NoGradientGraphWarning, match=r"node 'act' \(ai.onnx::LpNormalization\) has no gradient rule") \
+    assert "Det" not in RULES
+    w = _det_model(tmp_path / "m.onnx")
+    with pytest.warns(NoGradientGraphWarning, match=r"node 'act' \(ai.onnx::Det\) has no gradient rule") \
             as caught:
         arts = generate_artifacts(tmp_path / "m.onnx", ["w"], loss=LossType.MSELoss, optimizer=OptimType.AdamW,
                                   artifact_directory=tmp_path / "a")
@@ -448,23 +450,22 @@ def test_an_op_without_a_rule_gives_jaxort_only_artifacts_and_a_warning_naming_i
     with pytest.raises(Exception, match="NoGradientGraph"):  # ONNX Runtime refuses rather than train on zeros
         ort.InferenceSession(str(arts.training_model), providers=["CPUExecutionProvider"])
 
-    # jaxort trains them: the gradient of mean((lp(x @ w) - t)^2), written out in numpy
-    # (LpNormalization with its defaults: each row over its L2 norm).
+    # jaxort trains them: the gradient of mean((det(x @ w as 3x3 matrices) - t)^2), written out
+    # in numpy (d det(M) / dM = det(M) inv(M)^T).
     rng = np.random.default_rng(4)
-    x = rng.normal(size=(5, 4)).astype(np.float32) * 3
-    t = rng.normal(size=(5, 3)).astype(np.float32)
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    t = rng.normal(size=(5,)).astype(np.float32)
     state = CheckpointState.load_checkpoint(arts.checkpoint)
     module = Module(str(arts.training_model), state, str(arts.eval_model))
     loss = module(x, t)
-    h = x.astype(np.float64) @ w
-    norm = np.linalg.norm(h, axis=-1, keepdims=True)
-    y = h / norm
+    m = (x.astype(np.float64) @ w).reshape(5, 3, 3)
+    y = np.linalg.det(m)
     dy = 2 * (y - t) / y.size
-    dh = (dy - y * np.sum(dy * y, axis=-1, keepdims=True)) / norm
+    dm = (dy * y)[:, None, None] * np.linalg.inv(m).transpose(0, 2, 1)
     np.testing.assert_allclose(loss, np.mean((y - t) ** 2), rtol=1e-5)
-    np.testing.assert_allclose(state.parameters["w"].grad, x.T @ dh, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(state.parameters["w"].grad, x.T @ dm.reshape(5, 9), rtol=1e-4, atol=1e-6)
 
-    with pytest.raises(TrainingError, match=r"node 'act' \(ai.onnx::LpNormalization\) has no gradient rule"):
+    with pytest.raises(TrainingError, match=r"node 'act' \(ai.onnx::Det\) has no gradient rule"):
         generate_artifacts(tmp_path / "m.onnx", ["w"], loss=LossType.MSELoss, artifact_directory=tmp_path / "b",
                            gradient_graph=True)
     assert not (tmp_path / "b").exists()

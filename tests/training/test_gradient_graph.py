@@ -333,20 +333,18 @@ def test_dropout_in_training_mode_uses_the_forward_mask():
 
 
 def test_an_op_without_a_rule_is_named_and_the_model_left_as_it_was():
-    assert "LpNormalization" not in RULES
-    w = _rand(3, 3, seed=17)
+    assert "Det" not in RULES
     graph = helper.make_graph(
-        [N("MatMul", ["x", "w"], ["h"], name="mm"), N("LpNormalization", ["h"], ["p"], name="probs"),
+        [N("MatMul", ["x", "w"], ["h"], name="mm"), N("Det", ["h"], ["p"], name="probs"),
          N("ReduceSum", ["p"], ["loss"], keepdims=0, name="sum")], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3]),
          helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 3])],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     before = model.SerializeToString()
-    with pytest.raises(TrainingError, match=r"node 'probs' \(ai.onnx::LpNormalization\) has no gradient rule"):
+    with pytest.raises(TrainingError, match=r"node 'probs' \(ai.onnx::Det\) has no gradient rule"):
         add_gradient_graph(model, "loss", ["w"])
     assert model.SerializeToString() == before
-    del w
 
 
 @pytest.mark.parametrize("op, fn", [("Softmax", jax.nn.softmax), ("LogSoftmax", jax.nn.log_softmax)])
@@ -1784,3 +1782,16 @@ def test_center_crop_pad(shape, sizes, axes):
     attrs = {} if axes is None else {"axes": axes}
     _check([_const("sizes", sizes), N("CenterCropPad", ["x", "sizes"], ["y"], **attrs)], {}, {"x": x}, ref,
            opset=18)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_lp_normalization(p, axis):
+    x = _rand(3, 4, 2, seed=126, low=-2, high=2)
+
+    def ref(params, d):
+        v = params["x"]
+        norm = jnp.abs(v).sum(axis=axis, keepdims=True) if p == 1 else jnp.sqrt((v * v).sum(axis=axis, keepdims=True))
+        return v / norm
+
+    _check([N("LpNormalization", ["x"], ["y"], axis=axis, p=p)], {}, {"x": x}, ref)

@@ -37,7 +37,7 @@ WITHOUT_RULE: dict = {
     "TensorScatter": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
     **{op: _NOT_YET for op in (
         "AffineGrid", "Col2Im", "DFT", "DeformConv", "Det",
-        "GridSample", "LpNormalization",
+        "GridSample",
         "RNN", "RoiAlign", "STFT")},
 }
 

@@ -1,4 +1,5 @@
-"""Gradient rules of the normalizations (Layer, Instance, Group, MeanVariance, RMS, LRN) and com.microsoft BatchNormInternal.
+"""Gradient rules of the normalizations (Layer, Instance, Group, MeanVariance, RMS, LRN, Lp) and com.microsoft
+BatchNormInternal.
 
 Also :func:`to_batch_norm_internal`, which writes BatchNormalization nodes
 as the BatchNormInternal its rule reads, as ORT's generate_artifacts does.
@@ -183,6 +184,37 @@ def _lrn(em, node, dys, needs):
     return [em.op("Sub", [em.op("Mul", [dy, s_beta]), spread])]
 
 
+def _lp_normalization(em, node, dys, needs):
+    # Y = X / N along ``axis``: p = 2, N = sqrt(sum X^2): dX = (dY - Y * sum(dY * Y)) / N;
+    # p = 1, N = sum |X|: dX = dY / N - sign(X) * sum(dY * X) / N^2; N of a zero vector is 1, as
+    # jaxort's forward divides it (where dX is then dY). ORT 1.19.2 has no rule.
+    x = node.input[0]
+    dims = em.dims(x)
+    if dims is None:
+        raise _error(node, "has an input of unknown rank")
+    attrs = _attrs(node)
+    p = int(attrs.get("p", 2))
+    if p not in (1, 2):
+        raise _error(node, f"has p={p}; the spec allows 1 and 2")
+    axis = em.ints([int(attrs.get("axis", -1)) % len(dims)])
+    dy = dys[0]
+
+    def total(v):
+        return em.op("ReduceSum", [v, axis], keepdims=1)
+
+    def nonzero(norm):  # as the forward: a zero vector is divided by 1
+        one = em.const(1.0, em.elem_type(x))
+        return em.op("Where", [em.op("Equal", [norm, em.const(0.0, em.elem_type(x))]), one, norm])
+    if p == 2:
+        y = node.output[0]
+        norm = nonzero(em.op("Sqrt", [total(em.op("Mul", [x, x]))]))
+        return [em.op("Div", [em.op("Sub", [dy, em.op("Mul", [y, total(em.op("Mul", [dy, y]))])]), norm])]
+    norm = nonzero(total(em.op("Abs", [x])))
+    spread = em.op("Div", [em.op("Mul", [em.op("Sign", [x]), total(em.op("Mul", [dy, x]))]),
+                           em.op("Mul", [norm, norm])])
+    return [em.op("Sub", [em.op("Div", [dy, norm]), spread])]
+
+
 def _same_shape(dims, normalized) -> bool:
     """Whether a scale or bias of ``dims`` is as large as the ``normalized`` shape (not broadcast).
 
@@ -237,7 +269,7 @@ def to_batch_norm_internal(model: onnx.ModelProto) -> None:
 #: op type -> rule.
 RULES: dict = {"LayerNormalization": _layer_normalization, "InstanceNormalization": _instance_normalization,
                "GroupNormalization": _group_normalization, "MeanVarianceNormalization": _mean_variance_normalization,
-               "RMSNormalization": _rms_normalization, "LRN": _lrn}
+               "RMSNormalization": _rms_normalization, "LRN": _lrn, "LpNormalization": _lp_normalization}
 
 #: com.microsoft op type -> rule.
 MS_RULES: dict = {"BatchNormInternal": _batch_norm_internal}
