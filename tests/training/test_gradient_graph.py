@@ -1795,3 +1795,22 @@ def test_lp_normalization(p, axis):
         return v / norm
 
     _check([N("LpNormalization", ["x"], ["y"], axis=axis, p=p)], {}, {"x": x}, ref)
+
+
+@pytest.mark.parametrize("size, align_corners", [([2, 3, 4, 5], 0), ([2, 1, 3, 2], 1), ([1, 2, 3, 2, 4], 0),
+                                                 ([2, 1, 2, 3, 2], 1)])
+def test_affine_grid(size, align_corners):
+    k = len(size) - 2
+    theta = _rand(size[0], k, k + 1, seed=127)
+
+    def ref(p, d):  # the spec: each output point's normalized coordinates, then theta
+        axes = []
+        for n in size[:1:-1]:  # x (the last axis) first
+            a = np.arange(n, dtype=np.float64)
+            axes.append(a * 2 / (n - 1) - 1 if align_corners and n > 1 else (a * 2 + 1) / n - 1)
+        mesh = np.meshgrid(*axes[::-1], indexing="ij")  # over the spatial axes in order
+        points = np.stack([m.reshape(-1) for m in mesh[::-1]] + [np.ones(mesh[0].size)], -1).astype(np.float32)
+        return jnp.einsum("nij,pj->npi", p["theta"], points).reshape(size[0], *size[2:], k)
+
+    _check([_const("size", size), N("AffineGrid", ["theta", "size"], ["y"], align_corners=align_corners)], {},
+           {"theta": theta}, ref, opset=20)

@@ -36,7 +36,7 @@ WITHOUT_RULE: dict = {
     "Swish": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
     "TensorScatter": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
     **{op: _NOT_YET for op in (
-        "AffineGrid", "Col2Im", "DFT", "DeformConv", "Det",
+        "Col2Im", "DFT", "DeformConv", "Det",
         "GridSample",
         "RNN", "RoiAlign", "STFT")},
 }

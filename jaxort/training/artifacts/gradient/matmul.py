@@ -1,4 +1,4 @@
-"""Gradient rules of MatMul, Gemm, Einsum, Conv and ConvTranspose.
+"""Gradient rules of MatMul, Gemm, Einsum, Conv, ConvTranspose and AffineGrid.
 
 Part of the training layer: it imports onnx, the graph layer's pad helper and
 the rules' shared helpers only.
@@ -159,5 +159,23 @@ def _same_pads(em, node, auto_pad: str) -> list:
 
 
 #: op type -> rule.
+def _affine_grid(em, node, dys, needs):
+    # Grid[n, p] = theta[n] @ (B[p], 1), B the base grid of every output point p (AffineGrid of
+    # the identity): dTheta[n] = sum over p of dGrid[n, p]^T (B[p], 1). ORT 1.19.2 has no rule.
+    theta, size = node.input
+    dims = em.dims(theta)
+    if dims is None or len(dims) != 3 or not isinstance(dims[1], int):
+        raise _error(node, f"has a theta of shape {dims}, not [N, 2, 3] or [N, 3, 4]")
+    k = dims[1]
+    t = em.elem_type(theta)
+    one_sample = em.op("Concat", [em.ints([1]), em.op("Slice", [size, em.ints([1]), em.ints([k + 2])])], axis=0)
+    base = em.op("AffineGrid", [em.const(np.eye(k, k + 1)[None], t), one_sample],
+                 align_corners=int(_attrs(node).get("align_corners", 0)))
+    homogeneous = em.op("Pad", [base, em.ints([0] * (2 * k + 3) + [1]), em.const(1.0, t)])
+    points = em.op("Reshape", [homogeneous, em.ints([-1, k + 1])])
+    d_grid = em.op("Transpose", [em.op("Reshape", [dys[0], em.ints([0, -1, k])])], perm=[0, 2, 1])
+    return [em.op("MatMul", [d_grid, points]), None]
+
+
 RULES: dict = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose,
-                 "Einsum": _einsum}
+               "Einsum": _einsum, "AffineGrid": _affine_grid}
