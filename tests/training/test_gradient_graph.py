@@ -1814,3 +1814,40 @@ def test_affine_grid(size, align_corners):
 
     _check([_const("size", size), N("AffineGrid", ["theta", "size"], ["y"], align_corners=align_corners)], {},
            {"theta": theta}, ref, opset=20)
+
+
+@pytest.mark.skipif(not onnx.defs.has("Swish"), reason="onnx has no Swish (opset 24)")
+@pytest.mark.parametrize("alpha", [1.0, 1.702, -0.5])
+def test_swish(alpha):
+    x = _rand(3, 4, seed=128, low=-4, high=4)
+    _check([N("Swish", ["x"], ["y"], alpha=alpha)], {}, {"x": x},
+           lambda p, d: p["x"] * jax.nn.sigmoid(alpha * p["x"]), opset=24)
+
+
+@pytest.mark.skipif(not onnx.defs.has("RotaryEmbedding"), reason="onnx has no RotaryEmbedding (opset 23)")
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("layout, rotary_dim", [("4d", 0), ("3d", 0), ("4d", 4)])
+def test_rotary_embedding(interleaved, layout, rotary_dim):
+    batch, heads, seq, head = 2, 3, 5, 6
+    dim = rotary_dim or head
+    angles = _rand(seq + 2, dim // 2, seed=129, low=-3, high=3)
+    cos, sin = np.cos(angles), np.sin(angles)
+    positions = np.array([[0, 1, 2, 3, 4], [2, 3, 4, 5, 6]], np.int64)
+    x = _rand(batch, heads, seq, head, seed=130) if layout == "4d" else _rand(batch, seq, heads * head, seed=130)
+
+    def ref(p, d):  # the spec, for (batch, heads, seq, head)
+        v = p["x"] if layout == "4d" else p["x"].reshape(batch, seq, heads, head).transpose(0, 2, 1, 3)
+        rot, rest = v[..., :dim], v[..., dim:]
+        c, s = cos[positions][:, None], sin[positions][:, None]
+        x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., :dim // 2], rot[..., dim // 2:])
+        real, imag = c * x1 - s * x2, s * x1 + c * x2
+        rot = jnp.stack([real, imag], -1).reshape(rot.shape) if interleaved else jnp.concatenate([real, imag], -1)
+        out = jnp.concatenate([rot, rest], -1)
+        return out if layout == "4d" else out.transpose(0, 2, 1, 3).reshape(batch, seq, heads * head)
+
+    attrs = {"interleaved": interleaved, **({"num_heads": heads} if layout == "3d" else {}),
+             **({"rotary_embedding_dim": rotary_dim} if rotary_dim else {})}
+    nodes = [N("Constant", [], [name], value=numpy_helper.from_array(v.astype(np.float32)))
+             for name, v in (("cos", cos), ("sin", sin))]
+    nodes += [_const("positions", positions), N("RotaryEmbedding", ["x", "cos", "sin", "positions"], ["y"], **attrs)]
+    _check(nodes, {}, {"x": x}, ref, opset=23)

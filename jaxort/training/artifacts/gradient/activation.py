@@ -82,6 +82,18 @@ def _hard_swish(em, node, dys, needs):
     return [em.op("Mul", [dys[0], slope])]
 
 
+def _swish(em, node, dys, needs):
+    """dY * s * (1 + alpha * X * (1 - s)), s = Sigmoid(alpha * X): standard ops (Swish is opset 24,
+    newer than ORT 1.19.2 reads; ORT's own x * Sigmoid(alpha x) is QuickGelu, whose rule is ORT's kernel)."""
+    x = node.input[0]
+    alpha = _scalar(em, float(_attrs(node).get("alpha", 1.0)), x)
+    scaled = em.op("Mul", [x, alpha])
+    s = em.op("Sigmoid", [scaled])
+    slope = em.op("Mul", [s, em.op("Add", [_scalar(em, 1.0, x), em.op("Mul", [scaled, em.op(
+        "Sub", [_scalar(em, 1.0, x), s])])])])
+    return [em.op("Mul", [dys[0], slope])]
+
+
 def _softmax(em, node, dys, needs):
     # SoftmaxGrad_13(dY, Y): Y * (dY - sum(dY * Y, axis)); LogSoftmaxGrad_13 for LogSoftmax.
     if em.opset < 13:
@@ -158,7 +170,7 @@ def _fuse_quick_gelu(model: onnx.ModelProto) -> None:
 RULES: dict = {
     "Relu": _output_kernel("ReluGrad"), "Sigmoid": _output_kernel("SigmoidGrad"),
     "Tanh": _output_kernel("TanhGrad"), "LeakyRelu": _leaky_relu, "Clip": _clip,
-    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "PRelu": _prelu,
+    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "PRelu": _prelu, "Swish": _swish,
     "Softmax": _softmax, "LogSoftmax": _softmax,
 }
 

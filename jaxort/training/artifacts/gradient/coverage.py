@@ -32,8 +32,6 @@ WITHOUT_RULE: dict = {
     "Unique": "data-dependent output shape; no rule written",
     "MelWeightMatrix": "a constant of its integer inputs: no gradient",
     "Attention": "opset 23, newer than ORT 1.19.2 reads; " + _NOT_YET,
-    "RotaryEmbedding": "opset 23, newer than ORT 1.19.2 reads; " + _NOT_YET,
-    "Swish": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
     "TensorScatter": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
     **{op: _NOT_YET for op in (
         "Col2Im", "DFT", "DeformConv", "Det",

@@ -286,6 +286,17 @@ def _one_hot(em, node, dys, needs):
     return [None, None, em.op("Concat", [em.op("Unsqueeze", [v, em.ints([0])]) for v in (off, on)], axis=0)]
 
 
+def _rotary_embedding(em, node, dys, needs):
+    # Each rotated pair turns by its position's angle (cos, sin), the rest of the head passes:
+    # the transpose turns back, dX = RotaryEmbedding(dY) with the sines negated. The caches
+    # are constants of the model (no gradient). ORT 1.19.2 reads no opset 23 model.
+    inputs = list(node.input)
+    if any(needs[1:3]):
+        raise _error(node, "has a cos or sin cache that depends on a trainable parameter")
+    inputs[0], inputs[2] = dys[0], em.op("Neg", [node.input[2]])
+    return [em.op("RotaryEmbedding", inputs, **_attrs(node))] + [None] * (len(node.input) - 1)
+
+
 def _concat(em, node, dys, needs):
     dims = em.dims(node.output[0])
     if dims is None:
@@ -322,5 +333,5 @@ RULES: dict = {
     "GatherElements": _gather_elements, "TopK": _top_k, "CumSum": _cum_sum, "Trilu": _trilu,
     "ScatterElements": _scatter("GatherElements"), "ScatterND": _scatter("GatherND"),
     "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth,
-    "ReverseSequence": _reverse_sequence, "OneHot": _one_hot,
+    "ReverseSequence": _reverse_sequence, "OneHot": _one_hot, "RotaryEmbedding": _rotary_embedding,
 }
