@@ -1851,3 +1851,29 @@ def test_rotary_embedding(interleaved, layout, rotary_dim):
              for name, v in (("cos", cos), ("sin", sin))]
     nodes += [_const("positions", positions), N("RotaryEmbedding", ["x", "cos", "sin", "positions"], ["y"], **attrs)]
     _check(nodes, {}, {"x": x}, ref, opset=23)
+
+
+@pytest.mark.parametrize("image, block, attrs", [
+    ([4, 5], [2, 2], {}), ([5, 5], [3, 2], {"strides": [2, 1], "pads": [1, 0, 1, 1]}),
+    ([6, 4], [2, 2], {"dilations": [2, 1], "strides": [1, 2]})])
+def test_col2im(image, block, attrs):
+    # The reference adds each column into its block of the padded image, as the spec's fold.
+    channels, n = 2, 2
+    strides, dilations = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    padded = [image[i] + pads[i] + pads[i + 2] for i in range(2)]
+    blocks = [(padded[i] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1 for i in range(2)]
+    x = _rand(n, channels * block[0] * block[1], blocks[0] * blocks[1], seed=131)
+
+    def ref(p, d):
+        cols = p["x"].reshape(n, channels, block[0], block[1], blocks[0], blocks[1])
+        out = jnp.zeros((n, channels, *padded))
+        for i in range(block[0]):
+            for j in range(block[1]):
+                rows = i * dilations[0] + strides[0] * np.arange(blocks[0])
+                cols_ = j * dilations[1] + strides[1] * np.arange(blocks[1])
+                out = out.at[:, :, rows[:, None], cols_[None, :]].add(cols[:, :, i, j])
+        return out[:, :, pads[0]:pads[0] + image[0], pads[1]:pads[1] + image[1]]
+
+    _check([_const("image", image), _const("block", block), N("Col2Im", ["x", "image", "block"], ["y"], **attrs)],
+           {}, {"x": x}, ref, opset=18)

@@ -34,7 +34,7 @@ WITHOUT_RULE: dict = {
     "Attention": "opset 23, newer than ORT 1.19.2 reads; " + _NOT_YET,
     "TensorScatter": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
     **{op: _NOT_YET for op in (
-        "Col2Im", "DFT", "DeformConv", "Det",
+        "DFT", "DeformConv", "Det",
         "GridSample",
         "RNN", "RoiAlign", "STFT")},
 }

@@ -1,4 +1,4 @@
-"""Gradient rules of MatMul, Gemm, Einsum, Conv, ConvTranspose and AffineGrid.
+"""Gradient rules of MatMul, Gemm, Einsum, Conv, ConvTranspose, AffineGrid and Col2Im.
 
 Part of the training layer: it imports onnx, the graph layer's pad helper and
 the rules' shared helpers only.
@@ -177,5 +177,30 @@ def _affine_grid(em, node, dys, needs):
     return [em.op("MatMul", [d_grid, points]), None]
 
 
+def _col2im(em, node, dys, needs):
+    # Col2Im adds each column back into its block of the image; its transpose reads the
+    # blocks out again (im2col), a Conv whose one-hot kernel copies channel c at block offset
+    # i into output channel c * prod(block) + i. ORT 1.19.2 has no rule.
+    x, _, block = node.input
+    dims = em.dims(x)
+    block = em.static(block)
+    if block is None:
+        raise _error(node, "has a block_shape that is not constant")
+    block = [int(b) for b in block.reshape(-1)]
+    size = int(np.prod(block))
+    if dims is None or not isinstance(dims[1], int) or dims[1] % size:
+        raise _error(node, f"has an input of shape {dims}, not [N, C * {size}, L] with C known")
+    channels = dims[1] // size
+    kernel = np.zeros((channels, size, channels, size), np.float32)
+    kernel[np.arange(channels)[:, None], np.arange(size)[None, :], np.arange(channels)[:, None],
+           np.arange(size)[None, :]] = 1.0
+    attrs = _attrs(node)
+    n = len(block)
+    conv = em.op("Conv", [dys[0], em.const(kernel.reshape(channels * size, channels, *block), em.elem_type(x))],
+                 dilations=list(attrs.get("dilations", [1] * n)), pads=list(attrs.get("pads", [0] * 2 * n)),
+                 strides=list(attrs.get("strides", [1] * n)))
+    return [em.op("Reshape", [conv, em.op("Shape", [x])]), None, None]
+
+
 RULES: dict = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose,
-               "Einsum": _einsum, "AffineGrid": _affine_grid}
+               "Einsum": _einsum, "AffineGrid": _affine_grid, "Col2Im": _col2im}
