@@ -1877,3 +1877,35 @@ def test_col2im(image, block, attrs):
 
     _check([_const("image", image), _const("block", block), N("Col2Im", ["x", "image", "block"], ["y"], **attrs)],
            {}, {"x": x}, ref, opset=18)
+
+
+@pytest.mark.parametrize("activation", ["Tanh", "Sigmoid", "Relu"])
+@pytest.mark.parametrize("output, with_bias, with_initial", [("Y", True, True), ("Y_h", False, True),
+                                                             ("Y", True, False)])
+def test_rnn(activation, output, with_bias, with_initial):
+    seq, batch, inputs, hidden = 5, 3, 4, 6
+    params = {"x": _rand(seq, batch, inputs, seed=132), "w": _rand(1, hidden, inputs, seed=133, low=-0.6, high=0.6),
+              "rec": _rand(1, hidden, hidden, seed=134, low=-0.5, high=0.5)}
+    if with_bias:
+        params["b"] = _rand(1, 2 * hidden, seed=135, low=-0.3, high=0.3)
+    if with_initial:
+        params["h0"] = _rand(1, batch, hidden, seed=136)
+    f = {"Tanh": jnp.tanh, "Sigmoid": jax.nn.sigmoid, "Relu": jax.nn.relu}[activation]
+
+    def ref(p, d):  # the spec's recurrence
+        h = p["h0"][0] if with_initial else jnp.zeros((batch, hidden))
+        bias = p["b"][0, :hidden] + p["b"][0, hidden:] if with_bias else 0.0
+        states = []
+        for step in range(seq):
+            h = f(p["x"][step] @ p["w"][0].T + h @ p["rec"][0].T + bias)
+            states.append(h)
+        return jnp.stack(states)[:, None] if output == "Y" else h[None]
+
+    inputs_ = ["x", "w", "rec", "b" if with_bias else "", "", "h0" if with_initial else ""]
+    while not inputs_[-1]:
+        inputs_.pop()
+    outs = ["y"] if output == "Y" else ["", "y"]
+    nodes = [N("RNN", inputs_, outs, hidden_size=hidden, activations=[activation])]
+    if output == "Y_h":
+        nodes.append(N("Identity", ["y"], ["z"]))
+    _check(nodes, {}, params, ref)

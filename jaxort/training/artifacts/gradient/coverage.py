@@ -36,7 +36,7 @@ WITHOUT_RULE: dict = {
     **{op: _NOT_YET for op in (
         "DFT", "DeformConv", "Det",
         "GridSample",
-        "RNN", "RoiAlign", "STFT")},
+        "RoiAlign", "STFT")},
 }
 
 #: The default-domain ops onnxruntime-training 1.19.2 has a gradient builder for: the

@@ -1,4 +1,4 @@
-"""Gradient rules of LSTM and GRU, and of ORT's LSTMTraining and GRUTraining.
+"""Gradient rules of LSTM, GRU and RNN, and of ORT's LSTMTraining and GRUTraining.
 
 Part of the training layer: it imports onnx and the rules' shared helpers only.
 """
@@ -11,7 +11,7 @@ from typing import Optional
 from onnx import TensorProto, helper
 
 from jaxort.graph import normalize_domain
-from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _attrs, _error
+from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _attrs, _error, _filled
 
 # LSTM and GRU: ORT's training forms and gradient ops. An unrolled backward pass in
 # standard ops would be a node group per time step, fixed to one sequence length; ORT's
@@ -107,8 +107,92 @@ def _recurrent(plain_op: str) -> Callable:
     return rule
 
 
+# RNN: ORT has no gradient op for it, so the backward pass is a reverse Scan in standard ops
+# over the time steps (any sequence length), carrying dH and the weight gradients:
+#   dPre_t = (dY_t + dH) * f'(H_t),  dH <- dPre_t R,  dX_t = dPre_t W,
+#   dW += dPre_t^T X_t,  dR += dPre_t^T H_{t-1},  dB += sum over the batch of dPre_t (both halves),
+# f' read from the output: 1 - H^2 (Tanh), H (1 - H) (Sigmoid), [H > 0] (Relu).
+_RNN_DERIVATIVES = {"tanh", "sigmoid", "relu"}
+
+
+def _rnn(em, node, dys, needs):
+    attrs = _attrs(node)
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    names = [a.decode().lower() if isinstance(a, bytes) else a.lower() for a in attrs.get("activations", [b"Tanh"])]
+    ins = list(node.input) + [""] * (6 - len(node.input))
+    why = None
+    if direction != "forward":
+        why = f"runs in direction {direction!r}"
+    elif len(names) != 1 or names[0] not in _RNN_DERIVATIVES:
+        why = f"has activations {names}; the rule takes Tanh, Sigmoid or Relu"
+    elif "clip" in attrs:
+        why = "clips its inputs"
+    elif int(attrs.get("layout", 0)):
+        why = "has layout=1 (batch first)"
+    elif ins[4]:
+        why = "takes sequence_lens"
+    if why is not None:
+        raise _error(node, f"{why}; the RNN rule takes the forward, unclipped form without sequence_lens")
+    x, w, r, b, _, initial = ins
+    t = em.elem_type(x)
+    outputs = list(node.output) + [""] * (2 - len(node.output))
+    outputs[0] = outputs[0] or em.name("all_hidden_states")
+    del node.output[:]
+    node.output.extend(outputs)
+    first, drop = em.ints([0]), em.ints([1])
+    hs = em.op("Squeeze", [outputs[0], drop])  # [seq, batch, hidden]
+    first_h = em.op("Squeeze", [em.op("Slice", [hs, first, drop, first]), first])  # [batch, hidden]
+    def zeros(like):  # in X's dtype, of an emitted value's shape
+        return _filled(em, 0.0, x, shape=em.op("Shape", [like]))
+    start = em.op("Squeeze", [initial, first]) if initial else zeros(first_h)
+    before = em.op("Concat", [em.op("Unsqueeze", [start, first]),
+                              em.op("Slice", [hs, first, em.ints([-1]), first])], axis=0)
+    g = em.op("Squeeze", [dys[0], drop]) if dys[0] else zeros(hs)
+    carry = em.op("Squeeze", [dys[1], first]) if len(dys) > 1 and dys[1] else zeros(first_h)
+    w0, r0 = em.op("Squeeze", [w, first]), em.op("Squeeze", [r, first])
+    zeros_w, zeros_r = zeros(w0), zeros(r0)
+    zeros_b = em.op("ReduceSum", [zeros_r, first], keepdims=0)
+
+    def v(name):
+        return helper.make_tensor_value_info(name, t, None)
+    body_in = [em.name(n) for n in ("dh", "dw", "dr", "db", "g", "h", "h_before", "x")]
+    dh, dw, dr, db, g_t, h_t, hb_t, x_t = body_in
+    nodes = []
+
+    def op(op_type, inputs, **kw):
+        out = em.name(f"scan/{op_type}")
+        nodes.append(helper.make_node(op_type, inputs, [out], name=em.name(f"scan/{op_type}_node"), **kw))
+        return out
+    one = op("Constant", [], value=helper.make_tensor("one", t, [], [1.0]))
+    kind = names[0]
+    if kind == "tanh":
+        slope = op("Sub", [one, op("Mul", [h_t, h_t])])
+    elif kind == "sigmoid":
+        slope = op("Mul", [h_t, op("Sub", [one, h_t])])
+    else:
+        slope = op("Cast", [op("Greater", [h_t, op("Constant", [], value=helper.make_tensor("zero", t, [], [0.0]))])],
+                   to=t)
+    pre = op("Mul", [op("Add", [g_t, dh]), slope])
+    pre_t = op("Transpose", [pre], perm=[1, 0])
+    batch_axis = op("Constant", [], value=helper.make_tensor("axis", TensorProto.INT64, [1], [0]))
+    body_out = [op("MatMul", [pre, r0]), op("Add", [dw, op("MatMul", [pre_t, x_t])]),
+                op("Add", [dr, op("MatMul", [pre_t, hb_t])]),
+                op("Add", [db, op("ReduceSum", [pre, batch_axis], keepdims=0)]), op("MatMul", [pre, w0])]
+    body = helper.make_graph(nodes, em.name("rnn_backward"), [v(n) for n in body_in], [v(n) for n in body_out])
+    d_h, d_w, d_r, d_b, d_x = em.op("Scan", [carry, zeros_w, zeros_r, zeros_b, g, hs, before, x], n_out=5,
+                                    body=body, num_scan_inputs=4, scan_input_directions=[1] * 4,
+                                    scan_output_directions=[1])
+    out = [d_x if needs[0] else None, em.op("Unsqueeze", [d_w, first]) if needs[1] else None,
+           em.op("Unsqueeze", [d_r, first]) if needs[2] else None]
+    out.append(em.op("Unsqueeze", [em.op("Concat", [d_b, d_b], axis=0), first]) if b and needs[3] else None)
+    out.append(None)
+    out.append(em.op("Unsqueeze", [d_h, first]) if initial and needs[5] else None)
+    return out[:len(node.input)]
+
+
 #: op type -> rule.
-RULES: dict = {"LSTM": _recurrent("LSTM"), "GRU": _recurrent("GRU")}
+RULES: dict = {"LSTM": _recurrent("LSTM"), "GRU": _recurrent("GRU"), "RNN": _rnn}
 
 #: com.microsoft op type -> rule: the training forms the rules above write.
 MS_RULES: dict = {"LSTMTraining": _recurrent("LSTM"), "GRUTraining": _recurrent("GRU")}
