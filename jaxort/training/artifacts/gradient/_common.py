@@ -80,6 +80,11 @@ def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _text(value) -> str:
+    """A string attribute's value as text (onnx reads them as bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _constant_sources(graph: onnx.GraphProto) -> dict:
     """Value name -> the initializer or Constant node that holds it (read with :func:`_static`)."""
     sources = {t.name: t for t in graph.initializer}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from jaxort.training.artifacts.gradient._common import _attrs, _error, _filled, _ms_node, _unbroadcast
+from jaxort.training.artifacts.gradient._common import _attrs, _error, _filled, _ms_node, _text, _unbroadcast
 
 
 def _like_input(em, node, dys, needs):
@@ -151,7 +151,7 @@ def _pad(em, node, dys, needs):
     # they are for): dY without the padding, one Slice from the pads before to the pads after.
     # Any other pads or mode (edge, reflect, wrap; no rule in ORT 1.19.2): through x's indices.
     mode = _attrs(node).get("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = _text(mode)
     pads = em.static(node.input[1]) if len(node.input) > 1 and node.input[1] else None
     axes = node.input[3] if len(node.input) > 3 and node.input[3] else None
     if mode != "constant" or pads is None or (pads < 0).any() or (axes and em.static(axes) is None):
@@ -206,7 +206,7 @@ def _scatter(gather: str):
     def rule(em, node, dys, needs):
         attrs = _attrs(node)
         reduction = attrs.get("reduction", b"none")
-        reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+        reduction = _text(reduction)
         if reduction not in ("none", "add"):
             raise _error(node, f"reduces with {reduction!r}; the rule takes reduction 'none' or 'add'")
         data, indices, updates = node.input[:3]
@@ -224,7 +224,7 @@ def _depth_to_space(em, node, dys, needs):
     attrs = _attrs(node)
     b = int(attrs["blocksize"])
     mode = attrs.get("mode", b"DCR")
-    if (mode.decode() if isinstance(mode, bytes) else mode) == "DCR":
+    if _text(mode) == "DCR":
         return [em.op("SpaceToDepth", [dys[0]], blocksize=b)]
     shape = em.op("Shape", [node.output[0]])
 

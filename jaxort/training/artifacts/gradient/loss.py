@@ -5,7 +5,7 @@ Part of the training layer: it imports the rules' shared helpers only.
 
 from __future__ import annotations
 
-from jaxort.training.artifacts.gradient._common import _attrs, _error, _ms_node, _second_output
+from jaxort.training.artifacts.gradient._common import _attrs, _error, _ms_node, _second_output, _text
 
 
 def _reduction(node, needs) -> str:
@@ -13,7 +13,7 @@ def _reduction(node, needs) -> str:
     if len(node.input) > 2 and node.input[2] and needs[2]:
         raise _error(node, "has class weights that depend on a trainable parameter")
     reduction = _attrs(node).get("reduction", b"mean")
-    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    reduction = _text(reduction)
     if reduction not in ("mean", "sum", "none"):
         raise _error(node, f"has an unknown reduction {reduction!r}")
     return reduction

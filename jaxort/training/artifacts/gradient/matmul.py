@@ -16,6 +16,7 @@ from jaxort.training.artifacts.gradient._common import (
     _error,
     _ms_node,
     _scalar,
+    _text,
     _unbroadcast,
     _unbroadcast_at_run_time,
 )
@@ -89,7 +90,7 @@ def _conv(em, node, dys, needs):
     outs = [em.name("ConvGrad") if need else "" for need in needs]
     attrs = list(node.attribute)
     auto_pad = _attrs(node).get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    auto_pad = _text(auto_pad)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         # ORT 1.19.2's ConvGrad gets both gradients wrong with auto_pad SAME_* (as ORT's own
         # builder writes it; test_ort_conv_grad_is_wrong_with_auto_pad), so the pads are written out.
@@ -127,7 +128,7 @@ def _einsum(em, node, dys, needs):
     # Each operand's gradient is the Einsum of dY with the other operands, back to the
     # operand's subscripts: every letter of it must be in the output or another operand, once.
     equation = _attrs(node)["equation"]
-    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    equation = _text(equation).replace(" ", "")
     if "->" not in equation or "." in equation:
         raise _error(node, f"has the equation {equation!r}; the rule needs an explicit output and no ellipsis")
     operands, out = equation.split("->")

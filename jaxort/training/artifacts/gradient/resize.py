@@ -18,15 +18,11 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from jaxort.training.artifacts.gradient._common import _attrs, _error, _filled
+from jaxort.training.artifacts.gradient._common import _attrs, _error, _filled, _text
 
 _END = np.iinfo(np.int64).max
 # Attributes the per-axis Resize copies; the others are refused or do not apply to one axis.
 _COPIED = ("mode", "coordinate_transformation_mode", "nearest_mode")
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _resize(em, node, dys, needs):

@@ -11,7 +11,7 @@ from typing import Optional
 from onnx import TensorProto, helper
 
 from jaxort.graph import normalize_domain
-from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _attrs, _error, _filled
+from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _attrs, _error, _filled, _text
 
 # LSTM and GRU: ORT's training forms and gradient ops. An unrolled backward pass in
 # standard ops would be a node group per time step, fixed to one sequence length; ORT's
@@ -31,8 +31,8 @@ def _rnn_unsupported(em: _Emitter, node, plain_op: str) -> Optional[str]:
     """Why ORT 1.19.2 cannot train this LSTM or GRU with its gradient op, or None."""
     attrs = _attrs(node)
     direction = attrs.get("direction", b"forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
-    names = [a.decode().lower() if isinstance(a, bytes) else a.lower() for a in attrs.get("activations", [])]
+    direction = _text(direction)
+    names = [_text(a).lower() for a in attrs.get("activations", [])]
     why = None
     if direction != "forward":
         why = f"runs in direction {direction!r}"
@@ -118,8 +118,8 @@ _RNN_DERIVATIVES = {"tanh", "sigmoid", "relu"}
 def _rnn(em, node, dys, needs):
     attrs = _attrs(node)
     direction = attrs.get("direction", b"forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
-    names = [a.decode().lower() if isinstance(a, bytes) else a.lower() for a in attrs.get("activations", [b"Tanh"])]
+    direction = _text(direction)
+    names = [_text(a).lower() for a in attrs.get("activations", [b"Tanh"])]
     ins = list(node.input) + [""] * (6 - len(node.input))
     why = None
     if direction != "forward":
