@@ -1909,3 +1909,26 @@ def test_rnn(activation, output, with_bias, with_initial):
     if output == "Y_h":
         nodes.append(N("Identity", ["y"], ["z"]))
     _check(nodes, {}, params, ref)
+
+
+@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize("complex_input, inverse, onesided", [(False, 0, 0), (True, 0, 0), (True, 1, 0), (False, 0, 1),
+                                                               (False, 1, 0)])
+@pytest.mark.parametrize("n", [6, 5])
+def test_dft(opset, complex_input, inverse, onesided, n):
+    x = _rand(2, n, 3, 2 if complex_input else 1, seed=137)
+
+    def ref(p, d):  # over axis 1, as (real, imag) pairs
+        z = p["x"][..., 0] + 1j * p["x"][..., 1] if complex_input else p["x"][..., 0].astype(jnp.complex64)
+        z = jnp.fft.ifft(z, axis=1) if inverse else jnp.fft.fft(z, axis=1)
+        if onesided:
+            z = z[:, : n // 2 + 1]
+        return jnp.stack([z.real, z.imag], -1)
+
+    attrs = {"inverse": inverse, "onesided": onesided}
+    if opset >= 20:
+        nodes = [N("Constant", [], ["axis"], value=numpy_helper.from_array(np.array(1, np.int64))),
+                 N("DFT", ["x", "", "axis"], ["y"], **attrs)]
+    else:
+        nodes = [N("DFT", ["x"], ["y"], axis=1, **attrs)]
+    _check(nodes, {}, {"x": x}, ref, opset=opset)

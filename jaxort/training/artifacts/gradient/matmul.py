@@ -1,4 +1,4 @@
-"""Gradient rules of MatMul, Gemm, Einsum, Conv, ConvTranspose, AffineGrid and Col2Im.
+"""Gradient rules of MatMul, Gemm, Einsum, Conv, ConvTranspose, AffineGrid, Col2Im and DFT.
 
 Part of the training layer: it imports onnx, the graph layer's pad helper and
 the rules' shared helpers only.
@@ -7,7 +7,7 @@ the rules' shared helpers only.
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
 from jaxort.graph.numerics import auto_pads
 from jaxort.training.artifacts.gradient._common import (
@@ -203,5 +203,51 @@ def _col2im(em, node, dys, needs):
     return [em.op("Reshape", [conv, em.op("Shape", [x])]), None, None]
 
 
+def _dft(em, node, dys, needs):
+    # A DFT is the linear map W (W[k, j] = exp(-2 pi i k j / n)); its adjoint on (real, imag)
+    # pairs is conj(W) = n * the inverse DFT, and the inverse DFT's (conj(W) / n) is W / n: so
+    # dX = n * IDFT(dY), or DFT(dY) / n, its real part for a real X. A one-sided DFT's bins
+    # are the first n // 2 + 1: dY is zero-padded back to n first. ORT 1.19.2 has no rule.
+    x = node.input[0]
+    dims = em.dims(x)
+    attrs = _attrs(node)
+    if em.opset >= 20:
+        axis = -2
+        if len(node.input) > 2 and node.input[2]:
+            static = em.static(node.input[2])
+            if static is None:
+                raise _error(node, "has an axis that is not constant")
+            axis = int(static.reshape(-1)[0])
+    else:
+        axis = int(attrs.get("axis", 1))
+    if dims is None or not isinstance(dims[-1], int):
+        raise _error(node, "has an input of unknown rank or complex dimension")
+    axis %= len(dims)
+    n = dims[axis]
+    if len(node.input) > 1 and node.input[1]:
+        length = em.static(node.input[1])
+        if length is None or not isinstance(n, int) or int(length.reshape(-1)[0]) != n:
+            raise _error(node, "has a dft_length other than its input's length; the rule takes none")
+    inverse, onesided = int(attrs.get("inverse", 0)), int(attrs.get("onesided", 0))
+    if inverse and onesided:
+        raise _error(node, "is a one-sided inverse DFT; the rule takes the others")
+    dy = dys[0]
+    t = em.elem_type(x)
+    if onesided:
+        if not isinstance(n, int):
+            raise _error(node, "is one-sided over an axis of unknown length")
+        pads = [0] * (2 * len(dims))
+        pads[len(dims) + axis] = n - (n // 2 + 1)
+        dy = em.op("Pad", [dy, em.ints(pads)])
+    extra = [""] + ([em.const(np.int64(axis), TensorProto.INT64)] if em.opset >= 20 else [])
+    kw = {} if em.opset >= 20 else {"axis": axis}
+    back = em.op("DFT", [dy, *extra], inverse=1 - inverse, **kw)
+    count = em.op("Cast", [em.op("Gather", [em.op("Shape", [x]), em.ints([axis])])], to=t)
+    dx = em.op("Div" if inverse else "Mul", [back, count])
+    if dims[-1] == 1:
+        dx = em.op("Slice", [dx, em.ints([0]), em.ints([1]), em.ints([-1])])
+    return [dx] + [None] * (len(node.input) - 1)
+
+
 RULES: dict = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose,
-               "Einsum": _einsum, "AffineGrid": _affine_grid, "Col2Im": _col2im}
+               "Einsum": _einsum, "AffineGrid": _affine_grid, "Col2Im": _col2im, "DFT": _dft}
