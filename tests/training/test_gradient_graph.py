@@ -1932,3 +1932,29 @@ def test_dft(opset, complex_input, inverse, onesided, n):
     else:
         nodes = [N("DFT", ["x"], ["y"], axis=1, **attrs)]
     _check(nodes, {}, {"x": x}, ref, opset=opset)
+
+
+@pytest.mark.parametrize("complex_input, onesided", [(False, 1), (False, 0), (True, 0)])
+@pytest.mark.parametrize("windowed, step, n", [(True, 3, 6), (False, 2, 5), (True, 4, 4)])
+def test_stft(complex_input, onesided, windowed, step, n):
+    length = 17
+    x = _rand(2, length, 2 if complex_input else 1, seed=138)
+    window = np.hanning(n).astype(np.float32) + 0.1
+    frames = 1 + (length - n) // step
+
+    def ref(p, d):  # frames of the signal, times the window, a DFT each
+        z = p["x"][..., 0] + 1j * p["x"][..., 1] if complex_input else p["x"][..., 0].astype(jnp.complex64)
+        framed = z[:, np.arange(frames)[:, None] * step + np.arange(n)[None, :]]
+        if windowed:
+            framed = framed * window
+        spectrum = jnp.fft.fft(framed, axis=-1)
+        if onesided:
+            spectrum = spectrum[..., : n // 2 + 1]
+        return jnp.stack([spectrum.real, spectrum.imag], -1)
+
+    nodes = [N("Constant", [], ["step"], value=numpy_helper.from_array(np.array(step, np.int64))),
+             N("Constant", [], ["length"], value=numpy_helper.from_array(np.array(n, np.int64)))]
+    if windowed:
+        nodes.append(N("Constant", [], ["window"], value=numpy_helper.from_array(window)))
+    nodes.append(N("STFT", ["x", "step", "window" if windowed else "", "length"], ["y"], onesided=onesided))
+    _check(nodes, {}, {"x": x}, ref, opset=17)

@@ -33,7 +33,7 @@ WITHOUT_RULE: dict = {
     "MelWeightMatrix": "a constant of its integer inputs: no gradient",
     "Attention": "opset 23, newer than ORT 1.19.2 reads; " + _NOT_YET,
     "TensorScatter": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
-    **{op: _NOT_YET for op in ("DeformConv", "Det", "GridSample", "RoiAlign", "STFT")},
+    **{op: _NOT_YET for op in ("DeformConv", "Det", "GridSample", "RoiAlign")},
 }
 
 #: The default-domain ops onnxruntime-training 1.19.2 has a gradient builder for: the

@@ -1,4 +1,4 @@
-"""Gradient rules of MatMul, Gemm, Einsum, Conv, ConvTranspose, AffineGrid, Col2Im and DFT.
+"""Gradient rules of MatMul, Gemm, Einsum, Conv, ConvTranspose, AffineGrid, Col2Im, DFT and STFT.
 
 Part of the training layer: it imports onnx, the graph layer's pad helper and
 the rules' shared helpers only.
@@ -14,6 +14,7 @@ from jaxort.training.artifacts.gradient._common import (
     _MS_DOMAIN,
     _attrs,
     _error,
+    _filled,
     _ms_node,
     _scalar,
     _text,
@@ -249,5 +250,43 @@ def _dft(em, node, dys, needs):
     return [dx] + [None] * (len(node.input) - 1)
 
 
+def _stft(em, node, dys, needs):
+    # Frames of the signal, times the window, then a DFT each: back through the DFT's adjoint
+    # (n times the inverse DFT of dY, one-sided bins zero-padded back), times the window, and
+    # each frame added back where it was read (a ScatterElements "add" at the frames' fixed
+    # positions). Static frame step, frame length and signal length; a window as long as the
+    # frame. ORT 1.19.2 has no rule.
+    signal, step = node.input[:2]
+    window = node.input[2] if len(node.input) > 2 else ""
+    if len(node.input) > 2 and window and needs[2]:
+        raise _error(node, "has a window that depends on a trainable parameter")
+    dims = em.dims(signal)
+    statics = [em.static(v) if v else None for v in (step, node.input[3] if len(node.input) > 3 else "")]
+    window_dims = em.dims(window) if window else None
+    if dims is None or not all(isinstance(d, int) for d in dims[1:]) or statics[0] is None:
+        raise _error(node, "needs a constant frame_step and a signal of known length")
+    step = int(statics[0].reshape(-1)[0])
+    n = int(statics[1].reshape(-1)[0]) if statics[1] is not None else (
+        window_dims[0] if window_dims and isinstance(window_dims[0], int) else None)
+    if n is None or (window_dims is not None and window_dims[0] != n):
+        raise _error(node, "needs a constant frame_length (or a window of known length) as long as its window")
+    length, channels = dims[1], dims[2]
+    frames = 1 + (length - n) // step
+    dy = dys[0]
+    if int(_attrs(node).get("onesided", 1)):
+        dy = em.op("Pad", [dy, em.ints([0, 0, 0, 0, 0, 0, n - (n // 2 + 1), 0])])
+    t = em.elem_type(signal)
+    back = em.op("Mul", [em.op("DFT", [dy], axis=2, inverse=1), em.const(float(n), t)])  # [B, F, n, 2]
+    if channels == 1:
+        back = em.op("Slice", [back, em.ints([0]), em.ints([1]), em.ints([-1])])
+    if window:
+        back = em.op("Mul", [back, em.op("Reshape", [window, em.ints([1, 1, n, 1])])])
+    updates = em.op("Reshape", [back, em.ints([0, frames * n, channels])])
+    where = (np.arange(frames)[:, None] * step + np.arange(n)[None, :]).reshape(1, frames * n, 1)
+    indices = em.op("Expand", [em.const(where, TensorProto.INT64), em.op("Shape", [updates])])
+    return [em.op("ScatterElements", [_filled(em, 0.0, signal), indices, updates], axis=1, reduction="add")] + \
+        [None] * (len(node.input) - 1)
+
+
 RULES: dict = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose,
-               "Einsum": _einsum, "AffineGrid": _affine_grid, "Col2Im": _col2im, "DFT": _dft}
+               "Einsum": _einsum, "AffineGrid": _affine_grid, "Col2Im": _col2im, "DFT": _dft, "STFT": _stft}
