@@ -105,11 +105,16 @@ def program_fingerprint(models: Iterable[Any], parts: Iterable[Any]) -> Optional
     return digest.hexdigest()
 
 
+def _aval(x):
+    """What JAX sees of an argument (array, numpy array or Python scalar): shape, canonical dtype, weak type."""
+    typeof = getattr(jax, "typeof", None)  # jax >= 0.4.38; jax.core.get_aval before
+    return typeof(x) if typeof is not None else jax.core.get_aval(x)
+
+
 def _signature(args: tuple) -> str:
     """The arguments' tree structure and each leaf's shape, dtype and weak type."""
     leaves, treedef = jax.tree.flatten(args)
-    avals = [(tuple(x.shape), str(x.dtype), bool(getattr(getattr(x, "aval", None), "weak_type", False)))
-             for x in leaves]
+    avals = [(tuple(a.shape), str(a.dtype), bool(a.weak_type)) for a in map(_aval, leaves)]
     return f"{treedef}|{avals}"
 
 
@@ -183,7 +188,7 @@ class CachedStep:
         except Exception:  # a damaged or foreign file: written again after tracing
             return None
         takes = [(tuple(a.shape), a.dtype) for a in exported.in_avals]
-        if takes != [(tuple(x.shape), jax.dtypes.canonicalize_dtype(x.dtype)) for x in leaves]:
+        if takes != [(tuple(a.shape), a.dtype) for a in map(_aval, leaves)]:
             return None
         return exported
 

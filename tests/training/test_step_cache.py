@@ -54,3 +54,8 @@ def test_the_signature_tells_shapes_dtypes_and_structure_apart():
         (x,), (x.astype(np.int32),), (x.reshape(3, 2),), ((x,),), ({"a": x},), ({"b": x},)]}
     assert len(signatures) == 6
     assert step_cache._signature((x,)) == step_cache._signature((np.ones((2, 3), np.float32),))
+
+
+def test_the_signature_takes_python_scalars_and_tells_weak_types_apart():
+    assert step_cache._signature((2.0,)) != step_cache._signature((np.float32(2.0),))
+    assert step_cache._signature((2.0,)) == step_cache._signature((3.5,))
