@@ -278,6 +278,8 @@ def _one_hot(em, node, dys, needs):
     # Y = values[1] where the one-hot mask is set, else values[0]: d values = [sum of dY off
     # the mask, sum of dY on it]. The indices and depth are integers (or only count).
     indices, depth, _ = node.input
+    if not needs[2]:
+        return [None, None, None]
     dy = dys[0]
     mask = em.op("OneHot", [indices, depth, em.const([0, 1], em.elem_type(node.output[0]))],
                  axis=int(_attrs(node).get("axis", -1)))
