@@ -114,6 +114,15 @@ def marked_files() -> list:
     return sorted(found)
 
 
+# pytest, run with Ctrl-C's KeyboardInterrupt in place: a child inherits an ignored SIGINT (a
+# shell's background job, nohup, a pytest-xdist worker), and Python then installs no handler for
+# it, so the time limit's interrupt would be ignored and the run killed, its results lost.
+_PYTEST = ("import runpy, signal, sys\n"
+           "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+           "sys.argv[0] = 'pytest'\n"
+           "runpy.run_module('pytest', run_name='__main__', alter_sys=True)\n")
+
+
 def run_tests(out: str, select: str | None = None, paths=None, timeout: float = 600, jobs: int = 4) -> dict:
     """Runs the tests marked ``accelerator`` in a pytest subprocess; returns counts and failures.
 
@@ -136,7 +145,7 @@ def run_tests(out: str, select: str | None = None, paths=None, timeout: float = 
     paths = list(paths or marked_files())
     args = ["-m", "accelerator", "-p", "no:cacheprovider", "-q", "-rfE"] + workers + \
         (["-k", select] if select else [])
-    cmd = [sys.executable, "-m", "pytest", f"--junitxml={xml}"] + args + paths
+    cmd = [sys.executable, "-c", _PYTEST, f"--junitxml={xml}"] + args + paths
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     env.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
