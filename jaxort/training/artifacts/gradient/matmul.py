@@ -232,22 +232,28 @@ def _dft(em, node, dys, needs):
     inverse, onesided = int(attrs.get("inverse", 0)), int(attrs.get("onesided", 0))
     if inverse and onesided:
         raise _error(node, "is a one-sided inverse DFT; the rule takes the others")
-    dy = dys[0]
-    t = em.elem_type(x)
-    if onesided:
-        if not isinstance(n, int):
-            raise _error(node, "is one-sided over an axis of unknown length")
-        pads = [0] * (2 * len(dims))
-        pads[len(dims) + axis] = n - (n // 2 + 1)
-        dy = em.op("Pad", [dy, em.ints(pads)])
-    extra = [""] + ([em.const(np.int64(axis), TensorProto.INT64)] if em.opset >= 20 else [])
-    kw = {} if em.opset >= 20 else {"axis": axis}
-    back = em.op("DFT", [dy, *extra], inverse=1 - inverse, **kw)
-    count = em.op("Cast", [em.op("Gather", [em.op("Shape", [x]), em.ints([axis])])], to=t)
-    dx = em.op("Div" if inverse else "Mul", [back, count])
-    if dims[-1] == 1:
-        dx = em.op("Slice", [dx, em.ints([0]), em.ints([1]), em.ints([-1])])
+    if onesided and not isinstance(n, int):
+        raise _error(node, "is one-sided over an axis of unknown length")
+    count = em.op("Cast", [em.op("Gather", [em.op("Shape", [x]), em.ints([axis])])], to=em.elem_type(x))
+    dx = _dft_adjoint(em, dys[0], axis, len(dims), count, n, inverse=bool(inverse), onesided=bool(onesided),
+                      real=dims[-1] == 1)
     return [dx] + [None] * (len(node.input) - 1)
+
+
+def _dft_adjoint(em, dy, axis: int, rank: int, count: str, n, *, inverse=False, onesided=False, real=False):
+    """The adjoint of a DFT over ``axis`` (of ``n`` points, ``count`` as a tensor) applied to dY
+    (``[..., 2]``): n * IDFT(dY), or DFT(dY) / n for an inverse DFT; one-sided bins zero-padded
+    back to n first; the real part for a real input. DFT-20 takes the axis as an input."""
+    if onesided:
+        pads = [0] * (2 * rank)
+        pads[rank + axis] = n - (n // 2 + 1)
+        dy = em.op("Pad", [dy, em.ints(pads)])
+    if em.opset >= 20:
+        back = em.op("DFT", [dy, "", em.const(np.int64(axis), TensorProto.INT64)], inverse=int(not inverse))
+    else:
+        back = em.op("DFT", [dy], axis=axis, inverse=int(not inverse))
+    dx = em.op("Div" if inverse else "Mul", [back, count])
+    return em.op("Slice", [dx, em.ints([0]), em.ints([1]), em.ints([-1])]) if real else dx
 
 
 def _stft(em, node, dys, needs):
@@ -272,13 +278,8 @@ def _stft(em, node, dys, needs):
         raise _error(node, "needs a constant frame_length (or a window of known length) as long as its window")
     length, channels = dims[1], dims[2]
     frames = 1 + (length - n) // step
-    dy = dys[0]
-    if int(_attrs(node).get("onesided", 1)):
-        dy = em.op("Pad", [dy, em.ints([0, 0, 0, 0, 0, 0, n - (n // 2 + 1), 0])])
-    t = em.elem_type(signal)
-    back = em.op("Mul", [em.op("DFT", [dy], axis=2, inverse=1), em.const(float(n), t)])  # [B, F, n, 2]
-    if channels == 1:
-        back = em.op("Slice", [back, em.ints([0]), em.ints([1]), em.ints([-1])])
+    back = _dft_adjoint(em, dys[0], 2, 4, em.const(float(n), em.elem_type(signal)), n,
+                        onesided=bool(int(_attrs(node).get("onesided", 1))), real=channels == 1)  # [B, F, n, c]
     if window:
         back = em.op("Mul", [back, em.op("Reshape", [window, em.ints([1, 1, n, 1])])])
     updates = em.op("Reshape", [back, em.ints([0, frames * n, channels])])
