@@ -27,26 +27,33 @@ _RNN_SAVED = {"LSTM": ("all_cell_states", "iofc"), "GRU": ("zrh",)}
 _RNN_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 
 
+def _form_problem(node, activations: Callable[[list], Optional[str]]) -> Optional[str]:
+    """What keeps a recurrent node from its rule's form (forward, unclipped, layout 0, no
+    sequence_lens; ``activations(names)`` judges its lower-cased activations), or None."""
+    attrs = _attrs(node)
+    direction = _text(attrs.get("direction", b"forward"))
+    if direction != "forward":
+        return f"runs in direction {direction!r}"
+    why = activations([_text(a).lower() for a in attrs.get("activations", [])])
+    if why is not None:
+        return why
+    if "clip" in attrs:
+        return "clips its cell inputs"
+    if int(attrs.get("input_forget", 0)):
+        return "couples its input and forget gates (input_forget=1)"
+    if int(attrs.get("layout", 0)):
+        return "has layout=1 (batch first)"
+    if len(node.input) > 4 and node.input[4]:
+        return "takes sequence_lens"
+    return None
+
+
 def _rnn_unsupported(em: _Emitter, node, plain_op: str) -> Optional[str]:
     """Why ORT 1.19.2 cannot train this LSTM or GRU with its gradient op, or None."""
-    attrs = _attrs(node)
-    direction = attrs.get("direction", b"forward")
-    direction = _text(direction)
-    names = [_text(a).lower() for a in attrs.get("activations", [])]
-    why = None
-    if direction != "forward":
-        why = f"runs in direction {direction!r}"
-    elif names and names != _RNN_ACTIVATIONS[plain_op]:
-        why = f"has activations {names}, not the default {_RNN_ACTIVATIONS[plain_op]}"
-    elif "clip" in attrs:
-        why = "clips its cell inputs"
-    elif int(attrs.get("input_forget", 0)):
-        why = "couples its input and forget gates (input_forget=1)"
-    elif int(attrs.get("layout", 0)):
-        why = "has layout=1 (batch first)"
-    elif len(node.input) > 4 and node.input[4]:
-        why = "takes sequence_lens"
-    elif em.shapes.get(node.input[0], (0,))[0] not in (TensorProto.FLOAT, TensorProto.UNDEFINED):
+    default = _RNN_ACTIVATIONS[plain_op]
+    why = _form_problem(node, lambda names: None if not names or names == default else
+                        f"has activations {names}, not the default {default}")
+    if why is None and em.shapes.get(node.input[0], (0,))[0] not in (TensorProto.FLOAT, TensorProto.UNDEFINED):
         why = "is not float32"
     if why is not None:
         return (f"{why}, and ONNX Runtime's {plain_op}Grad kernel only runs the forward, float32, "
@@ -116,25 +123,12 @@ _RNN_DERIVATIVES = {"tanh", "sigmoid", "relu"}
 
 
 def _rnn(em, node, dys, needs):
-    attrs = _attrs(node)
-    direction = attrs.get("direction", b"forward")
-    direction = _text(direction)
-    names = [_text(a).lower() for a in attrs.get("activations", [b"Tanh"])]
-    ins = list(node.input) + [""] * (6 - len(node.input))
-    why = None
-    if direction != "forward":
-        why = f"runs in direction {direction!r}"
-    elif len(names) != 1 or names[0] not in _RNN_DERIVATIVES:
-        why = f"has activations {names}; the rule takes Tanh, Sigmoid or Relu"
-    elif "clip" in attrs:
-        why = "clips its inputs"
-    elif int(attrs.get("layout", 0)):
-        why = "has layout=1 (batch first)"
-    elif ins[4]:
-        why = "takes sequence_lens"
+    names = [_text(a).lower() for a in _attrs(node).get("activations", [b"Tanh"])]
+    why = _form_problem(node, lambda _: None if len(names) == 1 and names[0] in _RNN_DERIVATIVES else
+                        f"has activations {names}; the rule takes Tanh, Sigmoid or Relu")
     if why is not None:
         raise _error(node, f"{why}; the RNN rule takes the forward, unclipped form without sequence_lens")
-    x, w, r, b, _, initial = ins
+    x, w, r, b, _, initial = list(node.input) + [""] * (6 - len(node.input))
     t = em.elem_type(x)
     outputs = list(node.output) + [""] * (2 - len(node.output))
     outputs[0] = outputs[0] or em.name("all_hidden_states")
