@@ -332,8 +332,8 @@ def test_dropout_in_training_mode_uses_the_forward_mask():
     _check([N("Dropout", ["x"], ["y"])], {}, {"x": x}, lambda p, d: p["x"])  # no training_mode: identity
 
 
-def test_an_op_without_a_rule_is_named_and_the_model_left_as_it_was():
-    assert "Det" not in RULES
+def test_an_op_without_a_rule_is_named_and_the_model_left_as_it_was(monkeypatch):
+    monkeypatch.delitem(RULES, "Det")  # as if Det had no rule (it has one)
     graph = helper.make_graph(
         [N("MatMul", ["x", "w"], ["h"], name="mm"), N("Det", ["h"], ["p"], name="probs"),
          N("ReduceSum", ["p"], ["loss"], keepdims=0, name="sum")], "g",
@@ -1165,12 +1165,17 @@ def test_a_dilated_average_pool_is_named():
                {"x": _rand(1, 2, 5, 5, seed=68)}, lambda p, d: p["x"][:, :, :3, :3], opset=19)
 
 
-def test_a_value_of_unknown_type_still_carries_the_gradient():
-    # onnx's shape inference does not know com.microsoft::FusedMatMul, so it leaves its output
+@pytest.mark.parametrize("op, message", [
+    # jaxort's tracer gives the value its type: the writer reaches the node and names it.
+    ("FusedMatMul", r"node 'fused' \(com.microsoft::FusedMatMul\) has no gradient rule"),
+    # nothing can type it (jaxort does not trace the op either): the first rule that needs its rank says so.
+    ("NotAnOp", r"node 'total' \(ai.onnx::ReduceSum\) has an input of unknown rank")])
+def test_a_value_of_unknown_type_still_carries_the_gradient(op, message):
+    # onnx's shape inference does not know these com.microsoft ops, so it leaves their output
     # untyped. Taking such a value for a non-float one would give w a gradient of zeros,
     # silently; the writer must follow it, and name the node it cannot differentiate.
     graph = helper.make_graph(
-        [N("MatMul", ["x", "w"], ["a"]), N("FusedMatMul", ["a", "x"], ["b"], domain="com.microsoft", transB=1),
+        [N("MatMul", ["x", "w"], ["a"]), N(op, ["a", "x"], ["b"], domain="com.microsoft", transB=1, name="fused"),
          N("ReduceSum", ["b"], ["loss"], keepdims=0, name="total")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3]),
          helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 3]),
@@ -1179,7 +1184,7 @@ def test_a_value_of_unknown_type_still_carries_the_gradient():
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)])
-    with pytest.raises(TrainingError, match=r"node 'total' \(ai.onnx::ReduceSum\) has an input of unknown rank"):
+    with pytest.raises(TrainingError, match=message):
         add_gradient_graph(model, "loss", ["w"])
 
 
@@ -1959,3 +1964,216 @@ def test_stft(complex_input, onesided, windowed, step, n, opset):
         nodes.append(N("Constant", [], ["window"], value=numpy_helper.from_array(window)))
     nodes.append(N("STFT", ["x", "step", "window" if windowed else "", "length"], ["y"], onesided=onesided))
     _check(nodes, {}, {"x": x}, ref, opset=opset)
+
+
+@pytest.mark.parametrize("mask, is_causal, softcap, scale", [
+    ("float", 0, 0.0, None), ("bool", 1, 0.0, 0.5), (None, 1, 2.0, None), (None, 0, 0.0, None)])
+def test_attention_is_differentiated_through_its_function_body(mask, is_causal, softcap, scale):
+    # Attention (opset 23) has no rule of its own: the generator replaces it by the body ONNX
+    # defines for it, whose ops have rules. Grouped heads: 4 query heads share 2 key/value heads.
+    q, k, v = _rand(2, 4, 3, 8, seed=140), _rand(2, 2, 5, 8, seed=141), _rand(2, 2, 5, 8, seed=142)
+    float_mask = _rand(3, 5, seed=143, low=-2, high=0)
+    bool_mask = np.array([[1, 1, 0, 1, 1], [1, 0, 1, 1, 1], [0, 1, 1, 1, 1]], bool)
+    data = {"float": {"mask": float_mask}, "bool": {"mask": bool_mask}, None: {}}[mask]
+    attrs = {"is_causal": is_causal, **({"softcap": softcap} if softcap else {}),
+             **({"scale": scale} if scale else {})}
+
+    def ref(p, d):
+        kk, vv = jnp.repeat(p["k"], 2, axis=1), jnp.repeat(p["v"], 2, axis=1)
+        s = p["q"] @ jnp.swapaxes(kk, -1, -2) * (scale or 1 / np.sqrt(8))
+        if softcap:
+            s = softcap * jnp.tanh(s / softcap)
+        bias = np.zeros((3, 5), np.float32)
+        if mask == "float":
+            bias = float_mask
+        elif mask == "bool":
+            bias = np.where(bool_mask, 0, -np.inf).astype(np.float32)
+        if is_causal:
+            bias = np.where(np.tril(np.ones((3, 5), bool)), bias, -np.inf).astype(np.float32)
+        return jax.nn.softmax(s + bias, axis=-1) @ vv
+
+    inputs = ["q", "k", "v"] + (["mask"] if mask else [])
+    model = _check([N("Attention", inputs, ["y"], name="attn", **attrs)], data, {"q": q, "k": k, "v": v}, ref,
+                   opset=23)
+    ops = {n.op_type for n in model.graph.node}
+    assert "Attention" not in ops and {"Softmax", "MatMul"} <= ops
+
+
+def _det_reference(m):
+    """det by cofactor expansion along the first row: jax.grad of it is exact where m is singular."""
+    n = m.shape[-1]
+    if n == 1:
+        return m[..., 0, 0]
+    total = 0.0
+    for j in range(n):
+        minor = jnp.delete(jnp.delete(m, 0, axis=-2), j, axis=-1)
+        total = total + (-1) ** j * m[..., 0, j] * _det_reference(minor)
+    return total
+
+
+@pytest.mark.parametrize("shape", [(3, 3, 3), (2, 2, 4, 4), (2, 2), (4, 1, 1)])
+def test_det_gives_the_cofactors_singular_matrices_too(shape):
+    x = _rand(*shape, seed=144)
+    if shape == (3, 3, 3):
+        x[1, 2] = 2 * x[1, 0] - x[1, 1]  # singular: its gradient is still the cofactor matrix
+        x[2] = 0.0
+        x[2, 0, 0] = 1.0  # rank 1: every cofactor is zero
+    _check([N("Det", ["x"], ["y"])], {}, {"x": x}, lambda p, d: _det_reference(p["x"]))
+
+
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("shape, axis", [((3, 5), 1), ((4, 3, 2), -2)])
+def test_cum_prod_is_exact_where_values_are_zero(exclusive, reverse, shape, axis):
+    x = _rand(*shape, seed=145, low=0.5, high=1.5)
+    x.reshape(-1)[[1, 4, 5]] = 0.0  # single and neighbouring zeros
+    n = shape[axis]
+    i, k = np.arange(n)[:, None], np.arange(n)[None, :]
+    takes = {(0, 0): i <= k, (1, 0): i < k, (0, 1): i >= k, (1, 1): i > k}[exclusive, reverse]
+
+    def ref(p, d):  # y[k] = the product of the x[i] that output k takes
+        v = jnp.moveaxis(p["x"], axis, -1)[..., :, None]  # [..., i, 1]
+        y = jnp.prod(jnp.where(takes, v, 1.0), axis=-2)  # [..., k]
+        return jnp.moveaxis(y, -1, axis)
+
+    _check([_const("axis", axis), N("CumProd", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)],
+           {}, {"x": x}, ref, opset=26)
+
+
+@pytest.mark.parametrize("mode, indices, axis", [("linear", [0, 3], -2), ("circular", [4, 1], -2),
+                                                 ("linear", None, 2), ("circular", [5, 2], 1)])
+def test_tensor_scatter(mode, indices, axis):
+    # A [2, 3, 6, 4] cache written with a window of 3 along the axis (windows that wrap around in
+    # circular mode).
+    past = _rand(2, 3, 6, 4, seed=146)
+    update_shape = list(past.shape)
+    update_shape[axis] = 3
+    update = _rand(*update_shape, seed=147)
+    data = {} if indices is None else {"at": np.array(indices, np.int64)}
+    length = past.shape[axis]
+
+    def ref(p, d):
+        out = p["past"]
+        for b in range(2):
+            for s in range(3):
+                pos = (0 if indices is None else indices[b]) + s
+                pos = pos % length if mode == "circular" else pos
+                out = out.at[(b,) + (slice(None),) * ((axis % 4) - 1) + (pos,)].set(
+                    jnp.take(p["update"][b], s, axis=(axis % 4) - 1))
+        return out
+
+    inputs = ["past", "update"] + ([] if indices is None else ["at"])
+    _check([N("TensorScatter", inputs, ["y"], mode=mode, axis=axis)], data, {"past": past, "update": update}, ref,
+           opset=24)
+
+
+def _finite_difference_check(node, params: dict, opset: int, *, data=None, eps=1e-3, rtol=1e-3, atol=1e-3,
+                             reference=None):
+    """Gradients of sum(y * r) (y the node's output) w.r.t. ``params`` from the emitted graph,
+    run by jaxort's executor and onnxruntime, against central differences of ONNX's reference
+    evaluator (fed float64; some of its ops compute in float32 inside, hence the step of 1e-3
+    and the absolute tolerance), run on ``reference`` where given (the same op as the
+    evaluator names it). ``data``: inputs that get no gradient."""
+    from onnx.reference import ReferenceEvaluator
+
+    data = data or {}
+    rng = np.random.default_rng(0)
+
+    def wide(v):
+        return v.astype(np.float64) if v.dtype == np.float32 else v
+
+    def infos(values, float_type):
+        return [helper.make_tensor_value_info(
+            k, float_type if v.dtype == np.float32 else helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+            for k, v in values.items()]
+
+    run = ReferenceEvaluator(helper.make_model(
+        helper.make_graph([reference or node], "r", infos({**params, **data}, TensorProto.DOUBLE),
+                          [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)]),
+        opset_imports=[helper.make_opsetid("", opset)]))
+    at = {k: wide(v) for k, v in {**params, **data}.items()}
+    r = rng.normal(size=run.run(None, at)[0].shape)
+
+    def objective(values):
+        return float(np.sum(run.run(None, values)[0] * r))
+
+    want = {}
+    for name in params:
+        value = at[name]
+        grad = np.zeros_like(value)
+        for k in range(value.size):
+            step = np.zeros(value.size)
+            step[k] = eps
+            up = objective({**at, name: value + step.reshape(value.shape)})
+            down = objective({**at, name: value - step.reshape(value.shape)})
+            grad.reshape(-1)[k] = (up - down) / (2 * eps)
+        want[name] = grad
+    graph = helper.make_graph(
+        [node, N("Mul", ["y", "r"], ["yr"]), N("ReduceSum", ["yr"], ["loss"], keepdims=0)], "g",
+        infos({**data, **params}, TensorProto.FLOAT)
+        + [helper.make_tensor_value_info(f"{p}_grad.accumulation.buffer", TensorProto.FLOAT, v.shape)
+           for p, v in params.items()]
+        + [helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(r.astype(np.float32), "r")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    add_gradient_graph(model, "loss", list(params))
+    for runner, run_graph in _gradient_runs(model, list(params)).items():
+        for name, g in zip(params, run_graph({**data, **params})):
+            np.testing.assert_allclose(g, want[name], rtol=rtol, atol=atol, err_msg=f"{name} ({runner})")
+    return model
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [0, 1])
+def test_grid_sample(mode, padding, align_corners):
+    # Grid points inside and outside [-1, 1] (two reflections away at most), none within 1e-3
+    # of a tap boundary, where the sampled value has a kink.
+    x = _rand(2, 2, 4, 5, seed=148)
+    grid = _rand(2, 3, 2, 2, seed=149, low=-2.2, high=2.2)
+    _finite_difference_check(N("GridSample", ["x", "grid"], ["y"], mode=mode, padding_mode=padding,
+                               align_corners=align_corners), {"x": x, "grid": grid}, opset=20)
+
+
+def test_grid_sample_in_three_dimensions_and_opset_16_names():
+    x = _rand(1, 1, 3, 4, 3, seed=150)
+    grid = _rand(1, 2, 1, 2, 3, seed=151, low=-1.1, high=1.1)
+    _finite_difference_check(N("GridSample", ["x", "grid"], ["y"], mode="linear", padding_mode="border"),
+                             {"x": x, "grid": grid}, opset=20)
+    # GridSample-16 calls linear "bilinear" (ONNX's evaluator knows only the new name).
+    _finite_difference_check(N("GridSample", ["x", "grid"], ["y"], mode="bilinear", padding_mode="zeros"),
+                             {"x": x[:, :, 0], "grid": grid[:, 0, :, :, :2]}, opset=16,
+                             reference=N("GridSample", ["x", "grid"], ["y"], mode="linear", padding_mode="zeros"))
+
+
+@pytest.mark.parametrize("transform", ["half_pixel", "output_half_pixel", None])
+def test_roi_align(transform):
+    # Rois inside, over the border (samples outside read nothing), at the last row and column
+    # (the forward clamps there), and two on one image; 2 x 2 samples per bin.
+    x = _rand(2, 1, 5, 6, seed=152)
+    rois = np.array([[0.4, 0.3, 3.7, 2.9], [-1.6, 2.2, 2.3, 6.4], [3.1, 3.3, 5.9, 4.9], [1.2, 0.7, 4.4, 3.3]],
+                    np.float32)
+    data = {"rois": rois, "batch": np.array([0, 1, 1, 1], np.int64)}
+    attrs = dict(output_height=2, output_width=3, sampling_ratio=2, spatial_scale=0.9)
+    if transform:
+        attrs["coordinate_transformation_mode"] = transform
+    _finite_difference_check(N("RoiAlign", ["x", "rois", "batch"], ["y"], **attrs), {"x": x}, opset=16,
+                             data=data)
+
+
+@pytest.mark.parametrize("with_mask, attrs", [
+    (True, {}),
+    (False, dict(group=2, offset_group=2, strides=[2, 1], dilations=[1, 2], pads=[1, 0, 1, 1]))])
+def test_deform_conv(with_mask, attrs):
+    # Offsets of up to 1.3 pixels (samples near and past the image's edges), none within 1e-3 of
+    # a whole pixel, where the bilinear weights have kinks.
+    x = _rand(1, 2, 4, 4, seed=153)
+    w = _rand(2, 2 // attrs.get("group", 1), 2, 2, seed=154)
+    out = (3, 3)
+    offset = _rand(1, attrs.get("offset_group", 1) * 8, *out, seed=155, low=-1.3, high=1.3)
+    params = {"x": x, "w": w, "offset": offset, "b": _rand(2, seed=156)}
+    inputs = ["x", "w", "offset", "b"]
+    if with_mask:
+        params["mask"] = _rand(1, 4, *out, seed=157, low=0.2, high=1.0)
+        inputs.append("mask")
+    _finite_difference_check(N("DeformConv", inputs, ["y"], kernel_shape=[2, 2], **attrs), params, opset=19)

@@ -29,8 +29,8 @@ from a trainable parameter to the loss is a
 any file is written.
 
 The rules live in one module per op family (``arithmetic``, ``unary``,
-``activation``, ``layout``, ``reduce``, ``resize``, ``matmul``, ``norm``,
-``loss``, ``rnn``), each with
+``activation``, ``layout``, ``reduce``, ``resize``, ``sampling``, ``matmul``,
+``norm``, ``loss``, ``rnn``), each with
 a ``RULES`` table (and ``MS_RULES`` for com.microsoft forms) that this
 package merges; an op type in two tables is an error at import.
 
@@ -47,10 +47,13 @@ from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
 from jaxort.graph import check_graph_structure, default_opset, normalize_domain
-from jaxort.training.artifacts.gradient import activation, arithmetic, layout, matmul, norm, reduce, resize, rnn, unary
+from jaxort.training.artifacts.gradient import (activation, arithmetic, layout, matmul, norm, reduce, resize, rnn,
+                                                sampling, unary)
 from jaxort.training.artifacts.gradient import loss as _loss
 from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _error, _filled
 from jaxort.training.artifacts.gradient.activation import _fuse_quick_gelu
+from jaxort.training.artifacts.gradient.expand import expand_functions
+from jaxort.training.artifacts.gradient.traced_shapes import traced_shapes
 from jaxort.training.artifacts.gradient.norm import to_batch_norm_internal
 from jaxort.training.artifacts.gradient.rnn import _RNN_PLAIN, _RNN_STATES
 from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX, LAZY_RESET_GRAD
@@ -79,7 +82,7 @@ def _merged(tables: Iterable[dict]) -> dict:
     return merged
 
 
-_FAMILIES = (arithmetic, unary, activation, layout, reduce, resize, matmul, norm, _loss, rnn)
+_FAMILIES = (arithmetic, unary, activation, layout, reduce, resize, sampling, matmul, norm, _loss, rnn)
 
 #: op type -> rule, for default-domain nodes on the path from a parameter to the loss.
 RULES: dict = _merged(family.RULES for family in _FAMILIES)
@@ -126,6 +129,9 @@ def _shapes(model: onnx.ModelProto) -> dict:
         out[vi.name] = (t.elem_type, dims)
     for init in inferred.graph.initializer:
         out[init.name] = (init.data_type, list(init.dims))
+    unknown = [o for node in model.graph.node for o in node.output if o and out.get(o, (0, None))[1] is None]
+    if unknown:  # ranks inference lost behind shape arithmetic: jaxort's tracer folds it
+        out.update(traced_shapes(model, unknown))
     return out
 
 
@@ -159,7 +165,9 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
     ``trainable`` order. Forward nodes whose rule needs an optional output
     (SoftmaxCrossEntropyLoss's log_prob, MaxPool's Indices, LayerNormalization's
     Mean and InvStdDev) gain it, and ``x * Sigmoid(x)`` becomes com.microsoft
-    QuickGelu, as in ORT's training models.
+    QuickGelu, as in ORT's training models. A node with no rule whose op ONNX
+    defines by a function body (Attention) is replaced by that body
+    (:func:`~jaxort.training.artifacts.gradient.expand.expand_functions`).
 
     Raises:
       TrainingError: a node on the path from a trainable parameter to the
@@ -176,6 +184,7 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
     work = onnx.ModelProto()
     work.CopyFrom(model)
     _fuse_quick_gelu(work)
+    expand_functions(work, trainable, RULES.__contains__, _shapes, opset)
     em = _Emitter(work, _shapes(work), opset)
     forward = list(work.graph.node)
 

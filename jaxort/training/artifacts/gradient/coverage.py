@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from onnx import defs
 
-_NOT_YET = "not written yet"
-
 #: default-domain op type -> why it has no gradient rule.
 WITHOUT_RULE: dict = {
     "BatchNormalization": "written as com.microsoft::BatchNormInternal before the rules run (its rule is "
                           "in MS_RULES), as ORT's generate_artifacts does",
-    "CumProd": "an exact rule needs products that skip zeros (ReduceProd's counts them; a running "
-               "product needs more); not written yet",
     "If": "control flow: no rule differentiates through subgraphs yet",
     "Loop": "control flow: no rule differentiates through subgraphs yet",
     "Scan": "control flow: no rule differentiates through subgraphs yet",
@@ -31,10 +27,11 @@ WITHOUT_RULE: dict = {
     "Range": "its scalar inputs set the output's length; no rule written",
     "Unique": "data-dependent output shape; no rule written",
     "MelWeightMatrix": "a constant of its integer inputs: no gradient",
-    "Attention": "opset 23, newer than ORT 1.19.2 reads; " + _NOT_YET,
-    "TensorScatter": "opset 24, newer than ORT 1.19.2 reads; " + _NOT_YET,
-    **{op: _NOT_YET for op in ("DeformConv", "Det", "GridSample", "RoiAlign")},
 }
+
+#: default-domain op types with no rule of their own that the generator replaces by the
+#: function body ONNX defines for them, whose ops have rules (``expand.py``).
+FUNCTION_BODY = frozenset({"Attention"})
 
 #: The default-domain ops onnxruntime-training 1.19.2 has a gradient builder for: the
 #: ``Get<Op>Gradient`` builder classes in its library (onnxruntime_pybind11_state.so),

@@ -261,6 +261,69 @@ def _cum_sum(em, node, dys, needs):
     return [out, None]
 
 
+def _cum_prod(em, node, dys, needs):
+    # dX[i] = sum over outputs k that take x[i] of dY[k] * (their product without x[i]): row i
+    # of a square [i, j] holding X with x[i] set to 1, cumulated the node's way, is that
+    # product for every k; exact where X has zeros (dividing Y by X is not). Quadratic in the
+    # axis' length, which must be known.
+    x = node.input[0]
+    attrs = _attrs(node)
+    exclusive, reverse = int(attrs.get("exclusive", 0)), int(attrs.get("reverse", 0))
+    axis_value, dims = em.static(node.input[1]), em.dims(x)
+    if axis_value is None or dims is None:
+        raise _error(node, "has an axis that is not constant or an input of unknown rank")
+    rank = len(dims)
+    axis = int(axis_value.reshape(-1)[0]) % rank
+    n = dims[axis]
+    if not isinstance(n, int):
+        raise _error(node, "cumulates over an axis of unknown length")
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    back = [int(a) for a in np.argsort(perm)]
+    t = em.elem_type(x)
+    i, k = np.arange(n)[:, None], np.arange(n)[None, :]
+    takes = {(0, 0): i <= k, (1, 0): i < k, (0, 1): i >= k, (1, 1): i > k}[exclusive, reverse]
+    last = em.ints([-1])
+    row = em.op("Unsqueeze", [em.op("Transpose", [x], perm=perm), em.ints([-2])])  # [..., 1, j]
+    square = em.op("Where", [em.const(np.eye(n, dtype=bool), TensorProto.BOOL), em.const(1.0, t), row])
+    products = em.op("CumProd", [square, last], exclusive=exclusive, reverse=reverse)  # [..., i, k]
+    dy = em.op("Unsqueeze", [em.op("Transpose", [dys[0]], perm=perm), em.ints([-2])])  # [..., 1, k]
+    terms = em.op("Mul", [em.op("Mul", [products, em.const(takes, t)]), dy])
+    dx = em.op("ReduceSum", [terms, last], keepdims=0)
+    return [em.op("Transpose", [dx], perm=back), None]
+
+
+def _tensor_scatter(em, node, dys, needs):
+    # The cache's gradient is dY with the written window zeroed (the same scatter, of zeros);
+    # the update's is dY read back from that window: position write_indices[b] + s along the
+    # axis (modulo the cache's length in circular mode). ORT 1.19.2 reads no opset 24 model.
+    past, update = node.input[0], node.input[1]
+    indices = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    attrs = _attrs(node)
+    dims = em.dims(update)
+    if dims is None:
+        raise _error(node, "has an update of unknown rank")
+    rank = len(dims)
+    axis = int(attrs.get("axis", -2)) % rank
+    dy = dys[0]
+    grads = [None, None, None][:len(node.input)]
+    if needs[0]:
+        grads[0] = em.op("TensorScatter", [dy, _filled(em, 0.0, update)] + list(node.input[2:]), **attrs)
+    if needs[1]:
+        def along(value: str, at: int) -> str:  # a 1-D value as the dims of ``at`` in a rank-``rank`` shape
+            return em.op("Unsqueeze", [value, em.ints([a for a in range(rank) if a != at])])
+
+        length = em.op("Gather", [em.op("Shape", [update]), em.const(axis, TensorProto.INT64)])
+        steps = em.op("Range", [em.const(0, TensorProto.INT64), length, em.const(1, TensorProto.INT64)])
+        where = along(steps, axis)
+        if indices is not None:
+            where = em.op("Add", [where, along(em.op("Cast", [indices], to=TensorProto.INT64), 0)])
+        if _text(attrs.get("mode", b"linear")) == "circular":
+            where = em.op("Mod", [where, em.op("Gather", [em.op("Shape", [past]), em.ints([axis])])])
+        where = em.op("Expand", [where, em.op("Shape", [update])])
+        grads[1] = em.op("GatherElements", [dy, where], axis=axis)
+    return grads
+
+
 def _trilu(em, node, dys, needs):
     # The same triangle of dY: Trilu keeps or zeroes each value, a linear mask.
     return [em.op("Trilu", [dys[0]] + list(node.input[1:]), upper=int(_attrs(node).get("upper", 1)))] + \
@@ -332,7 +395,9 @@ RULES: dict = {
     "Gather": _gather, "GatherND": _gather_nd, "Compress": _compress, "MaxUnpool": _max_unpool,
     "CenterCropPad": _center_crop_pad,
     "Concat": _concat, "Split": _split, "Tile": _tile, "Pad": _pad,
-    "GatherElements": _gather_elements, "TopK": _top_k, "CumSum": _cum_sum, "Trilu": _trilu,
+    "GatherElements": _gather_elements, "TopK": _top_k, "CumSum": _cum_sum, "CumProd": _cum_prod,
+    "TensorScatter": _tensor_scatter,
+    "Trilu": _trilu,
     "ScatterElements": _scatter("GatherElements"), "ScatterND": _scatter("GatherND"),
     "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth,
     "ReverseSequence": _reverse_sequence, "OneHot": _one_hot, "RotaryEmbedding": _rotary_embedding,

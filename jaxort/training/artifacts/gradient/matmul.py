@@ -289,5 +289,28 @@ def _stft(em, node, dys, needs):
         [None] * (len(node.input) - 1)
 
 
+def _det(em, node, dys, needs):
+    # d det(A) / dA is A's cofactor matrix, C[i, j] = (-1)^(i + j) det(A without row i and
+    # column j): exact where A is singular too (det * inv(A)^T is not defined there). The
+    # minors are gathered with constant indices, so the matrices' size must be known.
+    x = node.input[0]
+    dims = em.dims(x)
+    if dims is None or not isinstance(dims[-1], int):
+        raise _error(node, "has matrices of unknown size")
+    n, rank = dims[-1], len(dims)
+    dy = em.op("Unsqueeze", [dys[0], em.ints([rank - 2, rank - 1])])
+    if n == 1:
+        return [em.op("Expand", [dy, em.op("Shape", [x])])]
+    others = np.array([[j for j in range(n) if j != i] for i in range(n)], np.int64)
+    index = em.const(others, TensorProto.INT64)
+    rows = em.op("Gather", [x, index], axis=rank - 2)  # [..., i, n - 1, n]
+    minors = em.op("Gather", [rows, index], axis=rank)  # [..., i, n - 1, j, n - 1]
+    batch = list(range(rank - 2))
+    minors = em.op("Transpose", [minors], perm=batch + [rank - 2, rank, rank - 1, rank + 1])
+    signs = em.const((-1.0) ** np.add.outer(np.arange(n), np.arange(n)), em.elem_type(x))
+    return [em.op("Mul", [em.op("Mul", [em.op("Det", [minors]), signs]), dy])]
+
+
 RULES: dict = {"MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose,
-               "Einsum": _einsum, "AffineGrid": _affine_grid, "Col2Im": _col2im, "DFT": _dft, "STFT": _stft}
+               "Einsum": _einsum, "AffineGrid": _affine_grid, "Col2Im": _col2im, "DFT": _dft, "STFT": _stft,
+               "Det": _det}
