@@ -137,6 +137,7 @@ def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, a
         [numpy_helper.from_array(r, "r")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     add_gradient_graph(model, "loss", list(params))
+    _assert_every_value_is_read(model)
 
     def objective(p):
         return jnp.sum(reference(p, data) * r)
@@ -147,6 +148,14 @@ def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, a
             np.testing.assert_allclose(g, np.asarray(want[name]), rtol=rtol, atol=atol,
                                        err_msg=f"{name} ({runner})")
     return model
+
+
+def _assert_every_value_is_read(model: onnx.ModelProto) -> None:
+    """No gradient node whose outputs nothing reads (ORT warns of each and drops it)."""
+    read = {o.name for o in model.graph.output} | {i for n in model.graph.node for i in n.input}
+    dead = [n.name for n in model.graph.node if n.name.startswith("jaxort_grad/")
+            and not any(o in read for o in n.output)]
+    assert not dead, f"gradient nodes nothing reads: {dead}"
 
 
 def _rand(*shape, seed=0, low=-1.0, high=1.0):
@@ -2117,6 +2126,7 @@ def _finite_difference_check(node, params: dict, opset: int, *, data=None, eps=1
         [numpy_helper.from_array(r.astype(np.float32), "r")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     add_gradient_graph(model, "loss", list(params))
+    _assert_every_value_is_read(model)
     for runner, run_graph in _gradient_runs(model, list(params)).items():
         for name, g in zip(params, run_graph({**data, **params})):
             np.testing.assert_allclose(g, want[name], rtol=rtol, atol=atol, err_msg=f"{name} ({runner})")

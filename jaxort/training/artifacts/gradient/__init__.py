@@ -242,11 +242,26 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
             "InPlaceAccumulatorV2", [f"{p}{GRAD_BUFFER_SUFFIX}", gradient_name(p), LAZY_RESET_GRAD],
             [out], name=f"GradientAccumulator{len(outputs) + 1}", domain=_MS_DOMAIN))
         outputs.append(helper.make_tensor_value_info(out, TensorProto.BOOL, [1]))
-    g.node.extend(em.nodes)
+    g.node.extend(_without_dead_nodes(em.nodes, g))
     g.output.extend(outputs)
     if not any(imp.domain == _MS_DOMAIN for imp in work.opset_import):
         work.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
     model.CopyFrom(work)
+
+
+def _without_dead_nodes(nodes: list, graph: onnx.GraphProto) -> list:
+    """The gradient nodes that something reads (a rule may build a value it then does not use)."""
+    read = {o.name for o in graph.output}
+    for node in graph.node:
+        read.update(node.input)
+        read |= _captured(node)
+    kept = []
+    for node in reversed(nodes):  # readers come after what they read
+        if node.op_type == "InPlaceAccumulatorV2" or any(o in read for o in node.output):
+            kept.append(node)
+            read.update(node.input)
+            read |= _captured(node)
+    return kept[::-1]
 
 
 _FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
