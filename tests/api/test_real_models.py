@@ -1,8 +1,9 @@
 """jaxort.api trains ONNX Runtime Training's artifacts of real architectures as ORT does.
 
 tests/fixtures/models/<case>/ holds a PyTorch export of a real architecture
-(torchvision ResNet-18, MobileNetV3-small, EfficientNet-B0; transformers
-BERT, DistilBERT, GPT-2, T5, ViT; LSTM and GRU classifiers; tiny configs,
+(torchvision ResNet-18, MobileNetV3-small, EfficientNet-B0, DenseNet;
+transformers BERT, DistilBERT, GPT-2, T5, ViT, Swin, Llama, LeViT,
+Wav2Vec2; an MLP-Mixer and a UNet; LSTM and GRU classifiers; tiny configs,
 random initialisation), the artifacts onnxruntime-training 1.19.2's
 generate_artifacts wrote for it, and what ORT and float64 PyTorch computed
 (tools/make_model_corpus.py; tests/fixtures/models/README.md).
@@ -23,6 +24,14 @@ For each model:
   with no training-only op that onnxruntime inference loads and runs; its
   outputs give jaxort's eval loss, and ORT's where ORT's own Module could
   load its eval model.
+
+Where ORT 1.19.2 cannot train a model at all (``expected.json`` records
+``ort_error``: LeViT's HardSwish and Wav2Vec2's InstanceNormalization (its
+GroupNorm) have no ORT gradient builder, the UNet's Resize gradient has no
+ORT CPU kernel), there are no ORT artifacts: the tests of them are skipped
+naming the gap, and jaxort's own artifacts are checked against float32
+PyTorch's losses of the same 5 steps (rtol 1e-4) and float64 PyTorch's
+first gradients.
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ from jaxort.api import CheckpointState, Module, Optimizer
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "models"
 # The default run takes the models that compile fast and between them cover ORT's rewrites
 # of transformers (BiasGelu, FastGelu, ConcatTraining) and recurrent nets (LSTMTraining,
-# GRUTraining); the CNNs (BatchNormInternal), BERT, DistilBERT and T5 take 10-60 s each.
-FAST = ("gpt2", "vit", "lstm", "gru")
-SLOW = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "distilbert", "t5")
+# GRUTraining), and the ops ORT cannot train (HardSwish, InstanceNormalization, Resize); the
+# other CNNs (BatchNormInternal), BERT, DistilBERT, T5, Swin and Llama take 10-60 s each.
+FAST = ("gpt2", "vit", "lstm", "gru", "mlp_mixer", "unet", "levit", "wav2vec2")
+SLOW = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "distilbert", "t5", "swin", "llama",
+        "densenet")
 CASES = [*FAST, *(pytest.param(c, marks=pytest.mark.slow) for c in SLOW)]
 LOSS_RTOL, PARAM_ATOL = 1e-4, 1e-4
 # float32 gradients against float64 PyTorch: the BatchNorm models (batch 8) carry the largest
@@ -61,6 +72,8 @@ def _load(case):
     expected_info = json.loads((root / "expected.json").read_text())
     arrays = {}
     for name in ("batches", "expected", "torch_reference"):
+        if not (root / f"{name}.npz").exists():  # no expected.npz where ORT has no reference
+            continue
         with np.load(root / f"{name}.npz") as f:
             arrays.update({f"{name}/{k}": f[k] for k in f.files})
     return root, case_info, expected_info, arrays
@@ -89,6 +102,16 @@ def _train(root, case_info, arrays, with_eval=True):
     return np.array(losses), first_grads, state, module
 
 
+def _ort_gap(info):
+    """ORT 1.19.2's error on a model it cannot train, without its C++ source location; None if it can."""
+    error = info.get("ort_error")
+    if error is None:
+        return None
+    for marker in ("was false. ", "NOT_IMPLEMENTED : "):
+        error = error.split(marker, 1)[-1]
+    return error
+
+
 @pytest.fixture(scope="module")
 def ort_run():
     """jaxort.api's run on ORT's artifacts, once per case."""
@@ -97,6 +120,8 @@ def ort_run():
     def get(case):
         if case not in runs:
             root, case_info, info, arrays = _load(case)
+            if _ort_gap(info):
+                pytest.skip(f"{case}: no ORT artifacts, ORT 1.19.2 cannot train it: {_ort_gap(info)}")
             runs[case] = (root, case_info, info, arrays, _train(root, case_info, arrays))
         return runs[case]
 
@@ -173,15 +198,23 @@ def test_jaxort_generate_artifacts_trains_like_ort(case, tmp_path):
     from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
 
     root, case_info, info, arrays = _load(case)
-    generate_artifacts(
+    artifacts = generate_artifacts(
         onnx.load(str(root / "model.onnx")),
         requires_grad=case_info["requires_grad"],
         frozen_params=case_info["frozen_params"],
         loss=LossType[case_info["loss"]],
         optimizer=OptimType.AdamW,
         artifact_directory=str(tmp_path),
+        gradient_graph=True,  # an op without a rule is an error here, not jaxort-only files
     )  # with the gradient graph ONNX Runtime trains from, which jaxort reads past
+    assert artifacts.gradient_graph
     losses, grads, state, _ = _train(tmp_path, case_info, arrays, with_eval=False)
+    if _ort_gap(info):
+        # No ORT run to match: float32 PyTorch's losses of the same steps, float64 PyTorch's gradients.
+        np.testing.assert_allclose(losses, arrays["torch_reference/float32::losses"], rtol=LOSS_RTOL,
+                                   err_msg=f"{case} losses against float32 PyTorch")
+        _assert_grads(case, grads, arrays)
+        return
     np.testing.assert_allclose(losses, arrays["expected/losses"], rtol=LOSS_RTOL, err_msg=f"{case} losses")
     if info["ill_conditioned"]:
         _assert_grads(case, grads, arrays)  # see test_ort_artifacts_train_like_ort
