@@ -38,20 +38,23 @@ def render() -> str:
     from jaxort.testing import DIFFERENTIABLE_OPS
     from jaxort.training.artifacts import gradient
     from jaxort.training.artifacts.gradient import MS_RULES, RULES
-    from jaxort.training.artifacts.gradient.coverage import FUNCTION_BODY, ORT_1_19_2_BUILDERS, WITHOUT_RULE
+    from jaxort.training.artifacts.gradient.coverage import (CONTROL_FLOW, FUNCTION_BODY, ORT_1_19_2_BUILDERS,
+                                                             WITHOUT_RULE)
 
     files = {op: f"`{module.__name__.rsplit('.', 1)[-1]}.py`" for module in gradient._FAMILIES
              for op in [*module.RULES, *getattr(module, "MS_RULES", {})]}
 
     files.update({op: "its function body (`expand.py`)" for op in FUNCTION_BODY})
-    ops = sorted(set(RULES) | set(WITHOUT_RULE) | FUNCTION_BODY | ORT_1_19_2_BUILDERS, key=str.lower)
+    files.update({op: "its branches' gradients (`control.py`)" for op in CONTROL_FLOW})
+    ops = sorted(set(RULES) | set(WITHOUT_RULE) | FUNCTION_BODY | CONTROL_FLOW | ORT_1_19_2_BUILDERS, key=str.lower)
     lines = [HEADER, f"{sum(op in RULES for op in ops)} default-domain ops with a rule, "
              f"{len(FUNCTION_BODY)} differentiated through the function body ONNX defines for them, "
+             f"{len(CONTROL_FLOW)} through its subgraphs, "
              f"{sum(op in WITHOUT_RULE for op in ops)} without (each with its reason); "
              f"{len(MS_RULES)} com.microsoft forms with a rule.", "",
              "| op | rule | ORT 1.19.2 | FD | without a rule because |", "|---|---|---|---|---|"]
     for op in ops:
-        rule = files[op] if op in RULES or op in FUNCTION_BODY else "-"
+        rule = files[op] if op in files and op not in WITHOUT_RULE else "-"
         lines.append(f"| {op} | {rule} | {'yes' if op in ORT_1_19_2_BUILDERS else '-'} | "
                      f"{'yes' if op in DIFFERENTIABLE_OPS else '-'} | {WITHOUT_RULE.get(op, '')} |")
     lines += ["", "## com.microsoft", "", "| op | rule |", "|---|---|"]

@@ -37,6 +37,15 @@ GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 CASES = ["mlp_adamw", "mlp_sgd", "mlp_frozen", "cnn_bce", "l1_gemm"]
 
 
+def _all_nodes(graph: onnx.GraphProto):
+    """The graph's nodes and those of their subgraphs."""
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                yield from _all_nodes(g)
+
+
 def _gradient_model(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
     """The training model with its accumulators cut off and the gradients as outputs."""
     m = onnx.ModelProto()
@@ -51,7 +60,7 @@ def _gradient_model(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
               if not i.name.endswith("_grad.accumulation.buffer") and i.name != "lazy_reset_grad"]
     del m.graph.input[:]
     m.graph.input.extend(inputs)
-    if not any(n.domain == "com.microsoft" for n in m.graph.node):
+    if not any(n.domain == "com.microsoft" for n in _all_nodes(m.graph)):
         kept = [o for o in m.opset_import if o.domain != "com.microsoft"]
         del m.opset_import[:]
         m.opset_import.extend(kept)
@@ -77,7 +86,7 @@ def _gradient_runs(model: onnx.ModelProto, trainable, runners=("jaxort", "onnxru
     g = JaxGraph(m, params=[], check=False)
     runs = {"jaxort": lambda feeds: [np.asarray(v) for v in g.apply(g.params, *(feeds[i.name] for i in g.inputs))]}
     if "onnxruntime" in runners and (_ort_has_training_kernels() or all(n.domain in ("", "ai.onnx")
-                                                                       for n in m.graph.node)):
+                                                                       for n in _all_nodes(m.graph))):
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         runs["onnxruntime"] = lambda feeds: sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
     return runs
@@ -152,7 +161,7 @@ def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, a
 
 def _assert_every_value_is_read(model: onnx.ModelProto) -> None:
     """No gradient node whose outputs nothing reads (ORT warns of each and drops it)."""
-    read = {o.name for o in model.graph.output} | {i for n in model.graph.node for i in n.input}
+    read = {o.name for o in model.graph.output} | {i for n in _all_nodes(model.graph) for i in n.input}
     dead = [n.name for n in model.graph.node if n.name.startswith("jaxort_grad/")
             and not any(o in read for o in n.output)]
     assert not dead, f"gradient nodes nothing reads: {dead}"
@@ -571,22 +580,24 @@ def test_batch_normalization_trains_with_batch_statistics_as_ort_writes_it():
             np.testing.assert_allclose(g, np.asarray(want[name]), rtol=1e-4, atol=2e-5, err_msg=f"{name} ({runner})")
 
 
-def test_a_parameter_read_inside_a_subgraph_is_an_error_not_a_zero_gradient():
-    # An If branch reads w from the outer scope: no node input names it, so without the
-    # capture check w's gradient would silently be zero.
-    branch = helper.make_graph([N("Mul", ["x", "w"], ["r"])], "then", [],
-                               [helper.make_tensor_value_info("r", TensorProto.FLOAT, [2])])
-    other = helper.make_graph([N("Identity", ["x"], ["r2"])], "else", [],
-                              [helper.make_tensor_value_info("r2", TensorProto.FLOAT, [2])])
+def test_a_parameter_read_inside_a_loop_is_an_error_not_a_zero_gradient():
+    # A Loop body reads w from the outer scope: no node input names it, so without the capture
+    # check w's gradient would silently be zero. (If has a rule; Loop and Scan have none.)
+    body = helper.make_graph(
+        [N("Identity", ["cond_in"], ["cond_out"]), N("Mul", ["v", "w"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [2])])
     graph = helper.make_graph(
-        [N("If", ["c"], ["y"], name="branch", then_branch=branch, else_branch=other),
+        [_const("trips", 2), N("Loop", ["trips", "", "x"], ["y"], name="loop", body=body),
          N("ReduceSum", ["y"], ["loss"], keepdims=0)], "g",
-        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
          helper.make_tensor_value_info("w", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(TrainingError, match=r"'branch' \(ai.onnx::If\) reads a value that depends on a "
+    with pytest.raises(TrainingError, match=r"'loop' \(ai.onnx::Loop\) reads a value that depends on a "
                                             r"trainable parameter inside its subgraph"):
         add_gradient_graph(model, "loss", ["w"])
 
@@ -775,7 +786,6 @@ def test_transformers_get_the_kernels_ort_writes_but_for_its_fusions(case, tmp_p
 
 
 @pytest.mark.parametrize("attrs, why", [
-    ({"direction": "bidirectional"}, "runs in direction 'bidirectional'"),
     ({"clip": 3.0}, "clips its cell inputs"),
     ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "has activations"),
     ({"layout": 1}, r"has layout=1")])
@@ -1975,6 +1985,7 @@ def test_stft(complex_input, onesided, windowed, step, n, opset):
     _check(nodes, {}, {"x": x}, ref, opset=opset)
 
 
+@pytest.mark.skipif(not onnx.defs.has("Attention"), reason="onnx has no Attention (opset 23)")
 @pytest.mark.parametrize("mask, is_causal, softcap, scale", [
     ("float", 0, 0.0, None), ("bool", 1, 0.0, 0.5), (None, 1, 2.0, None), (None, 0, 0.0, None)])
 def test_attention_is_differentiated_through_its_function_body(mask, is_causal, softcap, scale):
@@ -2030,6 +2041,7 @@ def test_det_gives_the_cofactors_singular_matrices_too(shape):
     _check([N("Det", ["x"], ["y"])], {}, {"x": x}, lambda p, d: _det_reference(p["x"]))
 
 
+@pytest.mark.skipif(not onnx.defs.has("CumProd"), reason="onnx has no CumProd (opset 26)")
 @pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
 @pytest.mark.parametrize("shape, axis", [((3, 5), 1), ((4, 3, 2), -2)])
 def test_cum_prod_is_exact_where_values_are_zero(exclusive, reverse, shape, axis):
@@ -2048,6 +2060,7 @@ def test_cum_prod_is_exact_where_values_are_zero(exclusive, reverse, shape, axis
            {}, {"x": x}, ref, opset=26)
 
 
+@pytest.mark.skipif(not onnx.defs.has("TensorScatter"), reason="onnx has no TensorScatter (opset 24)")
 @pytest.mark.parametrize("mode, indices, axis", [("linear", [0, 3], -2), ("circular", [4, 1], -2),
                                                  ("linear", None, 2), ("circular", [5, 2], 1)])
 def test_tensor_scatter(mode, indices, axis):
@@ -2187,3 +2200,116 @@ def test_deform_conv(with_mask, attrs):
         params["mask"] = _rand(1, 4, *out, seed=157, low=0.2, high=1.0)
         inputs.append("mask")
     _finite_difference_check(N("DeformConv", inputs, ["y"], kernel_shape=[2, 2], **attrs), params, opset=19)
+
+
+def _branch(name, nodes, outputs):
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                               for o in outputs])
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_differentiates_the_branch_taken(cond):
+    # then: (x * w + b, w), else: (Relu(w) @ x, b * b): w and b in both; the gradient's If runs
+    # each branch again. (ORT takes no outer value as a branch output: w goes through Identity.)
+    x, w, b = _rand(3, 3, seed=158), _rand(3, 3, seed=159), _rand(3, seed=160)
+    then = _branch("then", [N("Mul", ["x", "w"], ["t0"]), N("Add", ["t0", "b"], ["t1"]), N("Identity", ["w"], ["t2"])],
+                   ["t1", "t2"])
+    other = _branch("else", [N("Relu", ["w"], ["e0"]), N("MatMul", ["e0", "x"], ["e1"]),
+                             N("Mul", ["b", "b"], ["e2"]), N("Expand", ["e2", "shape"], ["e3"])], ["e1", "e3"])
+    nodes = [_const("shape", [3, 3]), N("If", ["c"], ["y0", "y1"], name="choose", then_branch=then, else_branch=other),
+             N("Mul", ["y0", "y1"], ["y"])]
+
+    def ref(p, d):
+        if cond:
+            return (d["x"] * p["w"] + p["b"]) * p["w"]
+        return (jax.nn.relu(p["w"]) @ d["x"]) * jnp.broadcast_to(p["b"] * p["b"], (3, 3))
+
+    model = _check(nodes, {"c": np.array(cond), "x": x}, {"w": w, "b": b}, ref)
+    assert [n.op_type for n in model.graph.node].count("If") == 2
+
+
+def test_if_with_a_parameter_in_one_branch_only():
+    w = _rand(2, 4, seed=161)
+    then = _branch("then", [N("Tanh", ["w"], ["t"])], ["t"])
+    other = _branch("else", [N("Identity", ["x"], ["e"])], ["e"])
+    for cond in (True, False):
+        _check([N("If", ["c"], ["y"], then_branch=then, else_branch=other)], {"c": np.array(cond), "x": w * 0},
+               {"w": w}, lambda p, d, cond=cond: jnp.tanh(p["w"]) if cond else d["x"])
+
+
+def _both_ways(step_fn, x, per_direction, direction):
+    """Y [seq, dirs, batch, h] and the final states [dirs, ...] of ``step_fn(x, *params)`` (a
+    forward run's (Y [seq, 1, ...], states...)) in ``direction``, ``per_direction`` the params
+    with their directions axis."""
+    ways = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    ys, finals = [], []
+    for k, way in enumerate(ways):
+        params = [None if v is None else v[k:k + 1] for v in per_direction]
+        y, *states = step_fn(jnp.flip(x, 0) if way == "reverse" else x, *params)
+        ys.append(jnp.flip(y, 0) if way == "reverse" else y)
+        finals.append(states)
+    return jnp.concatenate(ys, 1), [jnp.concatenate(s, 0) for s in zip(*finals)]
+
+
+@pytest.mark.parametrize("direction", ["reverse", "bidirectional"])
+def test_rnn_in_reverse_and_both_directions(direction):
+    seq, batch, size, hidden = 4, 3, 4, 5
+    dirs = 2 if direction == "bidirectional" else 1
+    params = {"x": _rand(seq, batch, size, seed=162), "w": _rand(dirs, hidden, size, seed=163, low=-.6, high=.6),
+              "rec": _rand(dirs, hidden, hidden, seed=164, low=-.5, high=.5),
+              "b": _rand(dirs, 2 * hidden, seed=165, low=-.3, high=.3), "h0": _rand(dirs, batch, hidden, seed=166)}
+    acts = ["Tanh", "Relu"][:dirs]
+
+    def one_way(x, w, r, b, h0, act):
+        h, states = h0[0], []
+        for step in range(seq):
+            h = act(x[step] @ w[0].T + h @ r[0].T + b[0, :hidden] + b[0, hidden:])
+            states.append(h)
+        return jnp.stack(states)[:, None], h[None]
+
+    def ref(p, d):
+        ys, hs = [], []
+        for k in range(dirs):  # one activation per direction
+            act = jnp.tanh if acts[k] == "Tanh" else jax.nn.relu
+            back = direction == "reverse" or k == 1
+            x = jnp.flip(p["x"], 0) if back else p["x"]
+            y, h = one_way(x, *(p[n][k:k + 1] for n in ("w", "rec", "b", "h0")), act)
+            ys.append(jnp.flip(y, 0) if back else y)
+            hs.append(h)
+        return jnp.concatenate([jnp.concatenate(ys, 1).ravel(), jnp.concatenate(hs, 0).ravel()])
+
+    nodes = [N("RNN", ["x", "w", "rec", "b", "", "h0"], ["Y", "Y_h"], hidden_size=hidden, direction=direction,
+               activations=acts)] + _flat_outputs(["Y", "Y_h"])
+    _check(nodes, {}, params, ref)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["reverse", "bidirectional"])
+def test_lstm_and_gru_in_reverse_and_both_directions(op, direction):
+    # Each direction becomes a forward node (a reverse one over the time-reversed input), the
+    # form of ORT's LSTMGrad and GRUGrad kernels.
+    _ort_training_kernels()
+    seq, batch, size, hidden = 5, 3, 4, 6
+    dirs = 2 if direction == "bidirectional" else 1
+    gates = 4 if op == "LSTM" else 3
+    params = {"x": _rand(seq, batch, size, seed=167), "w": _rand(dirs, gates * hidden, size, seed=168, low=-.5, high=.5),
+              "rec": _rand(dirs, gates * hidden, hidden, seed=169, low=-.5, high=.5),
+              "b": _rand(dirs, 2 * gates * hidden, seed=170, low=-.5, high=.5),
+              "h0": _rand(dirs, batch, hidden, seed=171)}
+    names = ["x", "w", "rec", "b", "", "h0"]
+    outputs = ["Y", "Y_h"]
+    if op == "LSTM":
+        params["c0"] = _rand(dirs, batch, hidden, seed=172)
+        names.append("c0")
+        outputs.append("Y_c")
+
+    def step(x, w, r, b, h0, c0=None):
+        return _lstm_reference(x, w, r, b, h0, c0, None) if op == "LSTM" else _gru_reference(x, w, r, b, h0, 0)
+
+    def ref(p, d):
+        per = [p["w"], p["rec"], p["b"], p["h0"]] + ([p["c0"]] if op == "LSTM" else [])
+        y, states = _both_ways(step, p["x"], per, direction)
+        return jnp.concatenate([y.ravel()] + [s.ravel() for s in states])
+
+    nodes = [N(op, names, outputs, hidden_size=hidden, direction=direction)] + _flat_outputs(outputs)
+    _check(nodes, {}, params, ref)

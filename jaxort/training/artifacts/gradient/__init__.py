@@ -39,7 +39,7 @@ Part of the training layer: it uses onnx only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
 import onnx
@@ -47,15 +47,16 @@ from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
 from jaxort.graph import check_graph_structure, default_opset, normalize_domain
-from jaxort.training.artifacts.gradient import (activation, arithmetic, layout, matmul, norm, reduce, resize, rnn,
-                                                sampling, unary)
+from jaxort.training.artifacts.gradient import (activation, arithmetic, control, layout, matmul, norm, reduce,
+                                                resize, rnn, sampling, unary)
 from jaxort.training.artifacts.gradient import loss as _loss
-from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _error, _filled
+from jaxort.training.artifacts.gradient._common import (_MS_DOMAIN, _captured, _Emitter, _error, _filled,
+                                                       _without_dead_nodes)
 from jaxort.training.artifacts.gradient.activation import _fuse_quick_gelu
 from jaxort.training.artifacts.gradient.expand import expand_functions
 from jaxort.training.artifacts.gradient.traced_shapes import traced_shapes
 from jaxort.training.artifacts.gradient.norm import to_batch_norm_internal
-from jaxort.training.artifacts.gradient.rnn import _RNN_PLAIN, _RNN_STATES
+from jaxort.training.artifacts.gradient.rnn import _RNN_PLAIN, _RNN_STATES, split_directions
 from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX, LAZY_RESET_GRAD
 
 __all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
@@ -126,25 +127,14 @@ def _shapes(model: onnx.ModelProto) -> dict:
         dims = None
         if t.HasField("shape"):
             dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-        out[vi.name] = (t.elem_type, dims)
+        if dims is not None or vi.name not in out:  # a graph output that is also an input may say less
+            out[vi.name] = (t.elem_type, dims)
     for init in inferred.graph.initializer:
         out[init.name] = (init.data_type, list(init.dims))
     unknown = [o for node in model.graph.node for o in node.output if o and out.get(o, (0, None))[1] is None]
     if unknown:  # ranks inference lost behind shape arithmetic: jaxort's tracer folds it
         out.update(traced_shapes(model, unknown))
     return out
-
-
-def _captured(node: onnx.NodeProto) -> set:
-    """The outer values the node's subgraphs (If, Loop, Scan bodies) read, recursively."""
-    names: set = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for graph in graphs:
-            for inner in graph.node:
-                names.update(inner.input)
-                names |= _captured(inner)
-    return names
 
 
 def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[str]) -> None:
@@ -185,50 +175,12 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
     work.CopyFrom(model)
     _fuse_quick_gelu(work)
     expand_functions(work, trainable, RULES.__contains__, _shapes, opset)
+    split_directions(work, trainable)
     em = _Emitter(work, _shapes(work), opset)
     forward = list(work.graph.node)
 
-    # Values that depend on a trainable parameter through floating-point tensors. A value
-    # whose type shape inference does not know (an output of an op onnx has no schema for)
-    # may be one: were it left out, the parameters behind it would get zero gradients.
-    depends = set(trainable)
-    captures = {id(node): _captured(node) for node in forward}
-    for node in forward:
-        if any(i in depends for i in node.input) or captures[id(node)] & depends:
-            depends.update(o for o in node.output
-                           if o and em.shapes.get(o, (0,))[0] in _FLOAT_TYPES_OR_UNKNOWN)
-    grads: dict = {}
-
-    def total(name: str) -> Optional[str]:
-        parts = grads.get(name)
-        if not parts:
-            return None
-        if len(parts) > 1:
-            grads[name] = [em.op("Sum", parts)]
-        return grads[name][0]
-
-    seed = _filled(em, 1.0, loss)
-    grads[loss] = [seed]
-    for node in reversed(forward):
-        dys = [total(o) if o else None for o in node.output]
-        if all(d is None for d in dys):
-            continue
-        needs = [bool(i) and i in depends for i in node.input]
-        if captures[id(node)] & depends:
-            raise _error(node, "reads a value that depends on a trainable parameter inside its subgraph; "
-                               "control flow has no gradient rule in jaxort yet")
-        if not any(needs):
-            continue
-        rule = (RULES if normalize_domain(node.domain) == "" else MS_RULES if node.domain == _MS_DOMAIN
-                else {}).get(node.op_type)
-        if rule is None:
-            raise _error(node, "has no gradient rule in jaxort yet; ONNX Runtime would train the file "
-                               "with zero gradients, so none is written (jaxort's own artifacts still "
-                               "train in jaxort: generate_artifacts(..., gradient_graph=False))")
-        dxs = rule(em, node, dys, needs)
-        for x, dx, need in zip(node.input, dxs, needs):
-            if need and dx is not None:
-                grads.setdefault(x, []).append(dx)
+    depends = _depending(forward, set(trainable), em.shapes)
+    total = _backward(em, forward, {loss: _filled(em, 1.0, loss)}, depends)
 
     g = work.graph
     outputs = []
@@ -249,19 +201,65 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
     model.CopyFrom(work)
 
 
-def _without_dead_nodes(nodes: list, graph: onnx.GraphProto) -> list:
-    """The gradient nodes that something reads (a rule may build a value it then does not use)."""
-    read = {o.name for o in graph.output}
-    for node in graph.node:
-        read.update(node.input)
-        read |= _captured(node)
-    kept = []
-    for node in reversed(nodes):  # readers come after what they read
-        if node.op_type == "InPlaceAccumulatorV2" or any(o in read for o in node.output):
-            kept.append(node)
-            read.update(node.input)
-            read |= _captured(node)
-    return kept[::-1]
+def _depending(nodes: Sequence, depends: set, shapes: dict) -> set:
+    """``depends`` and the values of ``nodes`` that depend on one of them through floating-point
+    tensors. A value whose type shape inference does not know (an output of an op onnx has no
+    schema for) may be one: were it left out, the parameters behind it would get zero gradients."""
+    depends = set(depends)
+    for node in nodes:
+        if any(i in depends for i in node.input) or _captured(node) & depends:
+            depends.update(o for o in node.output
+                           if o and shapes.get(o, (0,))[0] in _FLOAT_TYPES_OR_UNKNOWN)
+    return depends
+
+
+def _backward(em: _Emitter, nodes: Sequence, seeds: dict, depends: set) -> Callable:
+    """Reverse-mode differentiation of ``nodes`` (in topological order) from ``seeds`` (value ->
+    its gradient), rule by rule; returns ``total(value)``: the gradient of a value, or None
+    where nothing reaches it."""
+    grads: dict = {name: [grad] for name, grad in seeds.items()}
+
+    def total(name: str) -> Optional[str]:
+        parts = grads.get(name)
+        if not parts:
+            return None
+        if len(parts) > 1:
+            grads[name] = [em.op("Sum", parts)]
+        return grads[name][0]
+
+    for node in reversed(nodes):
+        dys = [total(o) if o else None for o in node.output]
+        if all(d is None for d in dys):
+            continue
+        needs = [bool(i) and i in depends for i in node.input]
+        outer = sorted(_captured(node) & depends)
+        if outer:
+            if node.op_type != "If" or normalize_domain(node.domain) != "":
+                raise _error(node, "reads a value that depends on a trainable parameter inside its subgraph; "
+                                   "Loop and Scan have no gradient rule in jaxort (If has)")
+            for name, grad in zip(outer, control.if_gradient(em, node, dys, outer, depends, _subgraph_backward)):
+                grads.setdefault(name, []).append(grad)
+        if not any(needs):
+            continue
+        rule = (RULES if normalize_domain(node.domain) == "" else MS_RULES if node.domain == _MS_DOMAIN
+                else {}).get(node.op_type)
+        if rule is None:
+            raise _error(node, "has no gradient rule in jaxort yet; ONNX Runtime would train the file "
+                               "with zero gradients, so none is written (jaxort's own artifacts still "
+                               "train in jaxort: generate_artifacts(..., gradient_graph=False))")
+        dxs = rule(em, node, dys, needs)
+        for x, dx, need in zip(node.input, dxs, needs):
+            if need and dx is not None:
+                grads.setdefault(x, []).append(dx)
+    return total
+
+
+def _subgraph_backward(em: _Emitter, model: onnx.ModelProto, seeds: dict, depends: set):
+    """:func:`_backward` over a subgraph that ``model`` wraps (its outer values as inputs), with
+    a child emitter; returns (the emitter, total)."""
+    child = em.child(model, _shapes(model))
+    nodes = list(model.graph.node)
+    return child, _backward(child, nodes, seeds, _depending(nodes, depends, child.shapes))
 
 
 _FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})

@@ -37,6 +37,17 @@ class _Emitter:
         self._taken = taken
         self._constants: Optional[dict] = None
 
+    def child(self, model: onnx.ModelProto, shapes: dict) -> "_Emitter":
+        """An emitter for a subgraph (``model`` wraps it): its own nodes, this one's names taken
+        (one namespace for the whole model), its shapes and constants seen over this one's."""
+        out = _Emitter.__new__(_Emitter)
+        out.model, out.opset, out.nodes, out.count = model, self.opset, [], self.count
+        out.shapes = {**self.shapes, **shapes}
+        out._taken = self._taken
+        self.static("")  # index this graph's constants
+        out._constants = {**self._constants, **_constant_sources(model.graph)}
+        return out
+
     def name(self, hint: str) -> str:
         while True:
             self.count += 1
@@ -204,3 +215,49 @@ def _axis(em, node, default: int) -> int:
     if dims is None:
         raise _error(node, "has an input of unknown rank")
     return int(_attrs(node).get("axis", default)) % len(dims)
+
+
+def _captured(node: onnx.NodeProto) -> set:
+    """The outer values the node's subgraphs (If, Loop, Scan bodies) read, recursively."""
+    names: set = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for graph in graphs:
+            for inner in graph.node:
+                names.update(inner.input)
+                names |= _captured(inner)
+    return names
+
+
+def _without_dead_nodes(nodes: list, graph: onnx.GraphProto) -> list:
+    """The gradient nodes that something reads (a rule may build a value it then does not use)."""
+    read = {o.name for o in graph.output}
+    for node in graph.node:
+        read.update(node.input)
+        read |= _captured(node)
+    kept = []
+    for node in reversed(nodes):  # readers come after what they read
+        if node.op_type == "InPlaceAccumulatorV2" or any(o in read for o in node.output):
+            kept.append(node)
+            read.update(node.input)
+            read |= _captured(node)
+    return kept[::-1]
+
+
+def _fresh_names(graph: onnx.GraphProto, prefix: str) -> Callable[[str], str]:
+    """``fresh(hint)``: a new value or node name ``<prefix>/<hint>_<n>`` that the graph does not use."""
+    taken = {v for n in graph.node for v in (*n.input, *n.output)}
+    taken.update(i.name for i in graph.input)
+    taken.update(t.name for t in graph.initializer)
+    count = 0
+
+    def fresh(hint: str) -> str:
+        nonlocal count
+        while True:
+            count += 1
+            name = f"{prefix}/{hint}_{count}"
+            if name not in taken:
+                taken.add(name)
+                return name
+
+    return fresh

@@ -15,9 +15,10 @@ from onnx import defs
 WITHOUT_RULE: dict = {
     "BatchNormalization": "written as com.microsoft::BatchNormInternal before the rules run (its rule is "
                           "in MS_RULES), as ORT's generate_artifacts does",
-    "If": "control flow: no rule differentiates through subgraphs yet",
-    "Loop": "control flow: no rule differentiates through subgraphs yet",
-    "Scan": "control flow: no rule differentiates through subgraphs yet",
+    "Loop": "its gradient needs every iteration's values, kept by the forward and read back by a loop "
+            "running backwards; not written (If has a rule)",
+    "Scan": "its gradient needs every iteration's values, kept by the forward and read back by a scan "
+            "running backwards; not written (If has a rule)",
     "Scatter": "deprecated since opset 11; the rules need opset 13 or newer",
     "Upsample": "deprecated since opset 10; the rules need opset 13 or newer (Resize has a rule)",
     "BitCast": "reinterprets bits: no gradient",
@@ -32,6 +33,10 @@ WITHOUT_RULE: dict = {
 #: default-domain op types with no rule of their own that the generator replaces by the
 #: function body ONNX defines for them, whose ops have rules (``expand.py``).
 FUNCTION_BODY = frozenset({"Attention"})
+
+#: default-domain control flow ops with a gradient (``control.py``): not a rule of ``RULES``, as
+#: it differentiates the node's subgraphs with the rules.
+CONTROL_FLOW = frozenset({"If"})
 
 #: The default-domain ops onnxruntime-training 1.19.2 has a gradient builder for: the
 #: ``Get<Op>Gradient`` builder classes in its library (onnxruntime_pybind11_state.so),

@@ -9,7 +9,7 @@ values are the same (the spec defines the op by that body); ORT's kernels never
 see the op, so ONNX Runtime trains the file wherever it reads the body's ops
 and the model's opset.
 
-Part of the training layer: it uses onnx and the graph layer only.
+Part of the training layer: it uses onnx, the graph layer and the rules' shared helpers only.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import onnx
 from onnx import defs, helper
 
 from jaxort.graph import normalize_domain
+from jaxort.training.artifacts.gradient._common import _fresh_names
 
 # Ops whose outputs carry no gradient (integers of the input's shape).
 _SHAPE_OPS = frozenset({"Shape", "Size"})
@@ -112,19 +113,7 @@ def expand_functions(model: onnx.ModelProto, trainable: Sequence[str], has_rule:
       opset: the model's default-domain opset.
     """
     graph = model.graph
-    taken = {v for n in graph.node for v in (*n.input, *n.output)}
-    taken.update(i.name for i in graph.input)
-    taken.update(t.name for t in graph.initializer)
-    count = [0]
-
-    def fresh(hint: str) -> str:
-        while True:
-            count[0] += 1
-            name = f"jaxort_expand/{hint}_{count[0]}"
-            if name not in taken:
-                taken.add(name)
-                return name
-
+    fresh = _fresh_names(graph, "jaxort_expand")
     expanded: list = []
     for _ in range(_MAX_ROUNDS):
         depends = set(trainable)

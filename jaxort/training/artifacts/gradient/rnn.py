@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Optional
 
+import onnx
 from onnx import TensorProto, helper
 
 from jaxort.graph import normalize_domain
-from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _attrs, _error, _filled, _text
+from jaxort.training.artifacts.gradient._common import (_MS_DOMAIN, _attrs, _Emitter, _error, _filled, _fresh_names,
+                                                       _text)
 
 # LSTM and GRU: ORT's training forms and gradient ops. An unrolled backward pass in
 # standard ops would be a node group per time step, fixed to one sequence length; ORT's
@@ -186,6 +188,99 @@ def _rnn(em, node, dys, needs):
 
 
 #: op type -> rule.
+# Inputs per direction, by position: weights, recurrence weights, biases, peepholes (axis 0 of
+# [num_directions, ...]) and initial states (the state layout's direction axis).
+_PER_DIRECTION = {"LSTM": (1, 2, 3, 7), "GRU": (1, 2, 3), "RNN": (1, 2, 3)}
+_STATES_IN = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}
+_INT64_MIN = -(2 ** 63)
+
+
+def split_directions(model: onnx.ModelProto, trainable) -> None:
+    """Rewrites, in place, each reverse or bidirectional LSTM, GRU and RNN that a trainable
+    parameter reaches as forward ones, the form the rules (and ORT's gradient kernels) take:
+    per direction, its slice of the weights, biases and initial states; a reverse direction
+    runs forward over the time-reversed input and its Y is reversed back; the directions'
+    outputs are concatenated as the node's. The same values; nodes with sequence_lens (whose
+    reversal is per sequence) are left to their rule's error."""
+    graph = model.graph
+    fresh = _fresh_names(graph, "jaxort_grad")
+    depends = set(trainable)
+    nodes: list = []
+    for node in graph.node:
+        reached = any(i in depends for i in node.input)
+        if reached:
+            depends.update(o for o in node.output if o)
+        attrs = _attrs(node)
+        direction = _text(attrs.get("direction", b"forward"))
+        if (not reached or node.op_type not in _PER_DIRECTION or normalize_domain(node.domain) != ""
+                or direction == "forward" or (len(node.input) > 4 and node.input[4])):
+            nodes.append(node)
+            continue
+        nodes.extend(_one_direction_each(node, attrs, direction, fresh))
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _one_direction_each(node, attrs: dict, direction: str, fresh: Callable) -> list:
+    """The nodes that run ``node`` one forward direction at a time (see :func:`split_directions`)."""
+    layout = int(attrs.get("layout", 0))
+    time_x, time_y = (1, 1) if layout else (0, 0)  # X [seq, batch, in] or [batch, seq, in]
+    dir_y, dir_state = (2, 1) if layout else (1, 0)  # Y [seq, dirs, batch, h]; states [dirs, batch, h]
+    out: list = []
+
+    def const(values) -> str:
+        name = fresh("Constant")
+        out.append(helper.make_node("Constant", [], [name], name=fresh("Constant_node"),
+                                    value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)))
+        return name
+
+    def op(op_type, inputs, **kw) -> str:
+        name = fresh(op_type)
+        out.append(helper.make_node(op_type, list(inputs), [name], name=fresh(f"{op_type}_node"), **kw))
+        return name
+
+    def reversed_in_time(value: str, axis: int) -> str:
+        return op("Slice", [value, const([-1]), const([_INT64_MIN]), const([axis]), const([-1])])
+
+    directions = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    n_act = len(attrs.get("activations", [])) // len(directions)
+    per_direction_outputs = []
+    for k, way in enumerate(directions):
+        inputs = list(node.input)
+        if len(directions) > 1:
+            for i in _PER_DIRECTION[node.op_type]:
+                if i < len(inputs) and inputs[i]:
+                    inputs[i] = op("Slice", [inputs[i], const([k]), const([k + 1]), const([0])])
+            for i in _STATES_IN[node.op_type]:
+                if i < len(inputs) and inputs[i]:
+                    inputs[i] = op("Slice", [inputs[i], const([k]), const([k + 1]), const([dir_state])])
+        if way == "reverse":
+            inputs[0] = reversed_in_time(inputs[0], time_x)
+        kept = []
+        for a in node.attribute:
+            if a.name == "direction":
+                continue
+            if a.name in ("activations", "activation_alpha", "activation_beta") and len(directions) > 1:
+                values = helper.get_attribute_value(a)[k * n_act:(k + 1) * n_act]
+                kept.append(helper.make_attribute(a.name, values))
+            else:
+                kept.append(a)
+        outputs = [fresh(f"{node.op_type}_{way}") if o else "" for o in node.output]
+        one = helper.make_node(node.op_type, inputs, outputs, name=fresh(f"{node.name or node.op_type}_{way}"))
+        one.attribute.extend(kept)
+        out.append(one)
+        if way == "reverse" and outputs[0]:
+            outputs[0] = reversed_in_time(outputs[0], time_y)
+        per_direction_outputs.append(outputs)
+    for j, name in enumerate(node.output):
+        if name:
+            parts = [outputs[j] for outputs in per_direction_outputs]
+            axis = dir_y if j == 0 else dir_state
+            out.append(helper.make_node("Concat" if len(parts) > 1 else "Identity", parts, [name],
+                                        name=fresh("direction_join"), **({"axis": axis} if len(parts) > 1 else {})))
+    return out
+
+
 RULES: dict = {"LSTM": _recurrent("LSTM"), "GRU": _recurrent("GRU"), "RNN": _rnn}
 
 #: com.microsoft op type -> rule: the training forms the rules above write.
