@@ -787,8 +787,7 @@ def test_transformers_get_the_kernels_ort_writes_but_for_its_fusions(case, tmp_p
 
 @pytest.mark.parametrize("attrs, why", [
     ({"clip": 3.0}, "clips its cell inputs"),
-    ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "has activations"),
-    ({"layout": 1}, r"has layout=1")])
+    ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "has activations")])
 def test_a_recurrent_form_ort_cannot_train_is_named(attrs, why):
     directions = 2 if attrs.get("direction") == "bidirectional" else 1
     shapes = {"x": [5, 3, 4], "w": [directions, 24, 4], "r": [directions, 24, 6]}
@@ -2237,22 +2236,31 @@ def test_if_with_a_parameter_in_one_branch_only():
                {"w": w}, lambda p, d, cond=cond: jnp.tanh(p["w"]) if cond else d["x"])
 
 
-def _both_ways(step_fn, x, per_direction, direction):
-    """Y [seq, dirs, batch, h] and the final states [dirs, ...] of ``step_fn(x, *params)`` (a
-    forward run's (Y [seq, 1, ...], states...)) in ``direction``, ``per_direction`` the params
-    with their directions axis."""
-    ways = ["forward", "reverse"] if direction == "bidirectional" else [direction]
-    ys, finals = [], []
-    for k, way in enumerate(ways):
-        params = [None if v is None else v[k:k + 1] for v in per_direction]
-        y, *states = step_fn(jnp.flip(x, 0) if way == "reverse" else x, *params)
-        ys.append(jnp.flip(y, 0) if way == "reverse" else y)
-        finals.append(states)
-    return jnp.concatenate(ys, 1), [jnp.concatenate(s, 0) for s in zip(*finals)]
+_DIRECTIONS = pytest.mark.parametrize("direction, layout", [("reverse", 0), ("bidirectional", 0), ("bidirectional", 1),
+                                                            ("forward", 1)])
 
 
-@pytest.mark.parametrize("direction", ["reverse", "bidirectional"])
-def test_rnn_in_reverse_and_both_directions(direction):
+def _batch_first(params, layout):
+    """The case's x [seq, batch, in] and initial states [dirs, batch, h] in ``layout``."""
+    if not layout:
+        return params
+    return {k: (np.ascontiguousarray(np.swapaxes(v, 0, 1)) if k in ("x", "h0", "c0") else v)
+            for k, v in params.items()}
+
+
+def _from_batch_first(p, layout):
+    return {k: (jnp.swapaxes(v, 0, 1) if layout and k in ("x", "h0", "c0") else v) for k, v in p.items()}
+
+
+def _outputs_in_layout(y, states, layout):
+    """Y [seq, dirs, batch, h] and states [dirs, batch, h] flattened, in ``layout``."""
+    if layout:
+        y, states = jnp.transpose(y, (2, 0, 1, 3)), [jnp.swapaxes(s, 0, 1) for s in states]
+    return jnp.concatenate([y.ravel()] + [s.ravel() for s in states])
+
+
+@_DIRECTIONS
+def test_rnn_in_reverse_and_both_directions_and_batch_first(direction, layout):
     seq, batch, size, hidden = 4, 3, 4, 5
     dirs = 2 if direction == "bidirectional" else 1
     params = {"x": _rand(seq, batch, size, seed=162), "w": _rand(dirs, hidden, size, seed=163, low=-.6, high=.6),
@@ -2268,6 +2276,7 @@ def test_rnn_in_reverse_and_both_directions(direction):
         return jnp.stack(states)[:, None], h[None]
 
     def ref(p, d):
+        p = _from_batch_first(p, layout)
         ys, hs = [], []
         for k in range(dirs):  # one activation per direction
             act = jnp.tanh if acts[k] == "Tanh" else jax.nn.relu
@@ -2276,18 +2285,18 @@ def test_rnn_in_reverse_and_both_directions(direction):
             y, h = one_way(x, *(p[n][k:k + 1] for n in ("w", "rec", "b", "h0")), act)
             ys.append(jnp.flip(y, 0) if back else y)
             hs.append(h)
-        return jnp.concatenate([jnp.concatenate(ys, 1).ravel(), jnp.concatenate(hs, 0).ravel()])
+        return _outputs_in_layout(jnp.concatenate(ys, 1), [jnp.concatenate(hs, 0)], layout)
 
     nodes = [N("RNN", ["x", "w", "rec", "b", "", "h0"], ["Y", "Y_h"], hidden_size=hidden, direction=direction,
-               activations=acts)] + _flat_outputs(["Y", "Y_h"])
-    _check(nodes, {}, params, ref)
+               activations=acts, layout=layout)] + _flat_outputs(["Y", "Y_h"])
+    _check(nodes, {}, _batch_first(params, layout), ref)
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
-@pytest.mark.parametrize("direction", ["reverse", "bidirectional"])
-def test_lstm_and_gru_in_reverse_and_both_directions(op, direction):
-    # Each direction becomes a forward node (a reverse one over the time-reversed input), the
-    # form of ORT's LSTMGrad and GRUGrad kernels.
+@_DIRECTIONS
+def test_lstm_and_gru_in_reverse_and_both_directions_and_batch_first(op, direction, layout):
+    # Each direction becomes a forward, layout 0 node (a reverse one over the time-reversed
+    # input), the form of ORT's LSTMGrad and GRUGrad kernels.
     _ort_training_kernels()
     seq, batch, size, hidden = 5, 3, 4, 6
     dirs = 2 if direction == "bidirectional" else 1
@@ -2303,13 +2312,18 @@ def test_lstm_and_gru_in_reverse_and_both_directions(op, direction):
         names.append("c0")
         outputs.append("Y_c")
 
-    def step(x, w, r, b, h0, c0=None):
-        return _lstm_reference(x, w, r, b, h0, c0, None) if op == "LSTM" else _gru_reference(x, w, r, b, h0, 0)
-
     def ref(p, d):
-        per = [p["w"], p["rec"], p["b"], p["h0"]] + ([p["c0"]] if op == "LSTM" else [])
-        y, states = _both_ways(step, p["x"], per, direction)
-        return jnp.concatenate([y.ravel()] + [s.ravel() for s in states])
+        p = _from_batch_first(p, layout)
+        ys, finals = [], []
+        for k in range(dirs):
+            back = direction == "reverse" or k == 1
+            x = jnp.flip(p["x"], 0) if back else p["x"]
+            w, r, b, h0 = (p[n][k:k + 1] for n in ("w", "rec", "b", "h0"))
+            y, *states = (_lstm_reference(x, w, r, b, h0, p["c0"][k:k + 1], None) if op == "LSTM"
+                          else _gru_reference(x, w, r, b, h0, 0))
+            ys.append(jnp.flip(y, 0) if back else y)
+            finals.append(states)
+        return _outputs_in_layout(jnp.concatenate(ys, 1), [jnp.concatenate(s, 0) for s in zip(*finals)], layout)
 
-    nodes = [N(op, names, outputs, hidden_size=hidden, direction=direction)] + _flat_outputs(outputs)
-    _check(nodes, {}, params, ref)
+    nodes = [N(op, names, outputs, hidden_size=hidden, direction=direction, layout=layout)] + _flat_outputs(outputs)
+    _check(nodes, {}, _batch_first(params, layout), ref)

@@ -196,12 +196,13 @@ _INT64_MIN = -(2 ** 63)
 
 
 def split_directions(model: onnx.ModelProto, trainable) -> None:
-    """Rewrites, in place, each reverse or bidirectional LSTM, GRU and RNN that a trainable
-    parameter reaches as forward ones, the form the rules (and ORT's gradient kernels) take:
-    per direction, its slice of the weights, biases and initial states; a reverse direction
-    runs forward over the time-reversed input and its Y is reversed back; the directions'
-    outputs are concatenated as the node's. The same values; nodes with sequence_lens (whose
-    reversal is per sequence) are left to their rule's error."""
+    """Rewrites, in place, each reverse, bidirectional or batch-first (layout=1) LSTM, GRU and
+    RNN that a trainable parameter reaches as forward, layout 0 ones, the form the rules (and
+    ORT's gradient kernels) take: batch-first inputs and outputs transposed; per direction,
+    its slice of the weights, biases and initial states; a reverse direction runs forward over
+    the time-reversed input and its Y is reversed back; the directions' outputs are
+    concatenated as the node's. The same values; nodes with sequence_lens (whose reversal is
+    per sequence) are left to their rule's error."""
     graph = model.graph
     fresh = _fresh_names(graph, "jaxort_grad")
     depends = set(trainable)
@@ -213,7 +214,8 @@ def split_directions(model: onnx.ModelProto, trainable) -> None:
         attrs = _attrs(node)
         direction = _text(attrs.get("direction", b"forward"))
         if (not reached or node.op_type not in _PER_DIRECTION or normalize_domain(node.domain) != ""
-                or direction == "forward" or (len(node.input) > 4 and node.input[4])):
+                or (direction == "forward" and not int(attrs.get("layout", 0)))
+                or (len(node.input) > 4 and node.input[4])):
             nodes.append(node)
             continue
         nodes.extend(_one_direction_each(node, attrs, direction, fresh))
@@ -222,10 +224,12 @@ def split_directions(model: onnx.ModelProto, trainable) -> None:
 
 
 def _one_direction_each(node, attrs: dict, direction: str, fresh: Callable) -> list:
-    """The nodes that run ``node`` one forward direction at a time (see :func:`split_directions`)."""
+    """The nodes that run ``node`` one forward, layout 0 direction at a time (see :func:`split_directions`)."""
     layout = int(attrs.get("layout", 0))
-    time_x, time_y = (1, 1) if layout else (0, 0)  # X [seq, batch, in] or [batch, seq, in]
-    dir_y, dir_state = (2, 1) if layout else (1, 0)  # Y [seq, dirs, batch, h]; states [dirs, batch, h]
+    # In layout 0, after the batch-first transposes: X [seq, batch, in], Y [seq, dirs, batch, h],
+    # states [dirs, batch, h].
+    time_x = time_y = dir_state = 0
+    dir_y = 1
     out: list = []
 
     def const(values) -> str:
@@ -242,11 +246,16 @@ def _one_direction_each(node, attrs: dict, direction: str, fresh: Callable) -> l
     def reversed_in_time(value: str, axis: int) -> str:
         return op("Slice", [value, const([-1]), const([_INT64_MIN]), const([axis]), const([-1])])
 
+    first = list(node.input)
+    if layout:  # batch first: [batch, seq, in] -> [seq, batch, in], [batch, dirs, h] -> [dirs, batch, h]
+        for i in (0, *_STATES_IN[node.op_type]):
+            if i < len(first) and first[i]:
+                first[i] = op("Transpose", [first[i]], perm=[1, 0, 2])
     directions = ["forward", "reverse"] if direction == "bidirectional" else [direction]
     n_act = len(attrs.get("activations", [])) // len(directions)
     per_direction_outputs = []
     for k, way in enumerate(directions):
-        inputs = list(node.input)
+        inputs = list(first)
         if len(directions) > 1:
             for i in _PER_DIRECTION[node.op_type]:
                 if i < len(inputs) and inputs[i]:
@@ -258,7 +267,7 @@ def _one_direction_each(node, attrs: dict, direction: str, fresh: Callable) -> l
             inputs[0] = reversed_in_time(inputs[0], time_x)
         kept = []
         for a in node.attribute:
-            if a.name == "direction":
+            if a.name in ("direction", "layout"):
                 continue
             if a.name in ("activations", "activation_alpha", "activation_beta") and len(directions) > 1:
                 values = helper.get_attribute_value(a)[k * n_act:(k + 1) * n_act]
@@ -275,9 +284,13 @@ def _one_direction_each(node, attrs: dict, direction: str, fresh: Callable) -> l
     for j, name in enumerate(node.output):
         if name:
             parts = [outputs[j] for outputs in per_direction_outputs]
+            joined = fresh("directions") if layout else name
             axis = dir_y if j == 0 else dir_state
-            out.append(helper.make_node("Concat" if len(parts) > 1 else "Identity", parts, [name],
+            out.append(helper.make_node("Concat" if len(parts) > 1 else "Identity", parts, [joined],
                                         name=fresh("direction_join"), **({"axis": axis} if len(parts) > 1 else {})))
+            if layout:  # back to batch first: Y [batch, seq, dirs, h], states [batch, dirs, h]
+                out.append(helper.make_node("Transpose", [joined], [name], name=fresh("batch_first"),
+                                            perm=[2, 0, 1, 3] if j == 0 else [1, 0, 2]))
     return out
 
 
