@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 from jaxort import checkpoint as ckpt
 from jaxort.errors import TrainingError
 from jaxort.training.artifacts import LossType, OptimType, generate_artifacts
-from jaxort.training.artifacts.gradient import RULES, add_gradient_graph, gradient_name
+from jaxort.training.artifacts.gradient import MS_RULES, RULES, add_gradient_graph, gradient_name
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 CASES = ["mlp_adamw", "mlp_sgd", "mlp_frozen", "cnn_bce", "l1_gemm"]
@@ -125,10 +125,11 @@ def test_gradients_equal_what_ort_computed_on_its_own_artifacts(case, tmp_path):
 
 
 def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, atol=1e-5, seed=0,
-           runners=("jaxort", "onnxruntime")):
+           runners=("jaxort", "onnxruntime"), ms_opset=False):
     """Gradients of sum(y * r) (y the last node's output) w.r.t. ``params``: ORT on the
     emitted graph vs ``jax.grad`` of ``reference(params, data)``; ``runners`` limits which
-    of jaxort's executor and onnxruntime run it (where onnxruntime refuses a valid forward)."""
+    of jaxort's executor and onnxruntime run it (where onnxruntime refuses a valid forward); ``ms_opset``
+    declares com.microsoft (a forward node of ORT's training forms)."""
     y = nodes[-1].output[0]
     rng = np.random.default_rng(seed)
     ref_y = np.asarray(reference({k: jnp.asarray(v) for k, v in params.items()}, data))
@@ -144,7 +145,8 @@ def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, a
         + [helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1])],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
         [numpy_helper.from_array(r, "r")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]
+                              + ([helper.make_opsetid("com.microsoft", 1)] if ms_opset else []))
     add_gradient_graph(model, "loss", list(params))
     _assert_every_value_is_read(model)
 
@@ -948,6 +950,22 @@ def test_gru_gradients_in_ort_equal_jax_grad(linear_before_reset, with_bias_and_
     _check(nodes, {}, params, ref)
 
 
+def test_a_gru_already_in_ort_training_form():
+    # What ORT's generate_artifacts writes before its gradient builder runs (GRUTraining with
+    # its saved gates): the rule reads the saved values as they are.
+    _ort_training_kernels()
+    params = {"x": _rand(5, 3, 4, seed=106), "w": _rand(1, 18, 4, seed=107, low=-.5, high=.5),
+              "rec": _rand(1, 18, 6, seed=108, low=-.5, high=.5)}
+    nodes = [N("GRUTraining", ["x", "w", "rec"], ["Y", "Y_h", "zrh"], domain="com.microsoft", hidden_size=6)] \
+        + _flat_outputs(["Y", "Y_h"])
+
+    def ref(p, d):
+        outs = _gru_reference(p["x"], p["w"], p["rec"], None, None, 0)
+        return jnp.concatenate([o.ravel() for o in outs])
+
+    _check(nodes, {}, params, ref, ms_opset=True)
+
+
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
 def test_a_recurrent_node_read_only_through_its_final_state(op):
     # Y is not an output of the forward node: the training form still writes the all-hidden
@@ -1220,7 +1238,8 @@ UNARY = [  # (op, attributes, jax.numpy reference, input range)
     ("Celu", {"alpha": 2.0}, lambda x: jax.nn.celu(x, 2.0), (-3, 3)),
     ("ThresholdedRelu", {"alpha": 0.5}, lambda x: jnp.where(x > 0.5, x, 0.0), (-2, 2)),
     ("Mish", {}, lambda x: x * jnp.tanh(jax.nn.softplus(x)), (-4, 4)),
-    ("Floor", {}, jnp.floor, (-3, 3)), ("Round", {}, jnp.round, (-3, 3)),
+    ("Floor", {}, jnp.floor, (-3, 3)), ("Round", {}, jnp.round, (-3, 3)), ("Ceil", {}, jnp.ceil, (-3, 3)),
+    ("Sign", {}, jnp.sign, (-3, 3)),
 ]
 
 
@@ -1588,6 +1607,25 @@ def test_cast_like_shrink_and_zero_gradients():
     # Hardmax is piecewise constant; EyeLike's output does not depend on the input's values.
     for op in ("Hardmax", "EyeLike"):
         _check([N(op, ["x"], ["h"]), N("Add", ["h", "x"], ["y"])], {}, {"x": x}, lambda p, d: p["x"] + 0.0)
+    # Random draws shaped like (or with probabilities from) the input: no gradient flows through them.
+    probabilities = _rand(3, 4, seed=102, low=0.1, high=0.9)
+    for op in ("Bernoulli", "RandomNormalLike", "RandomUniformLike"):
+        _check([N(op, ["x"], ["h"], seed=1.0), N("Mul", ["h", "z"], ["h0"]), N("Add", ["h0", "x"], ["y"])],
+               {"z": np.zeros((), np.float32)}, {"x": probabilities}, lambda p, d: p["x"] + 0.0)
+
+
+def test_squeeze_unsqueeze_and_variadic_sum():
+    a, b, c = _rand(3, 1, 4, seed=103), _rand(4, seed=104), _rand(2, 1, 1, 1, seed=105)
+    nodes = [_const("one", [1]), N("Squeeze", ["a", "one"], ["s"]), N("Unsqueeze", ["s", "one"], ["u"]),
+             N("Sum", ["u", "b", "c"], ["y"])]
+    _check(nodes, {}, {"a": a, "b": b, "c": c}, lambda p, d: p["a"] + p["b"] + p["c"])
+
+
+def test_every_rule_is_exercised_here():
+    # Each op with a rule is built by name by some test of this file (the rules' battery).
+    source = pathlib.Path(__file__).read_text()
+    missing = [op for op in sorted(RULES) + sorted(MS_RULES) if f'"{op}"' not in source]
+    assert not missing, f"rules without a test in this file: {missing}"
 
 
 @pytest.mark.parametrize("opset", [18, 21])  # scale and bias per group, then per channel
