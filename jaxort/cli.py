@@ -4,7 +4,7 @@ Commands (``jaxort COMMAND --help`` for each):
 
 - ``jaxort demo [--out DIR] [--epochs N] [--seed S]``: the digits demo, with
   a progress bar and a loss-curve PNG beside the checkpoint.
-- ``jaxort train --artifacts DIR --data FILE.npz [...]``: train an artifact
+- ``jaxort train --artifacts DIR --data FILE.npz|DIR [...]``: train an artifact
   set (ORT's or jaxort's) on named arrays, with periodic eval, checkpoints
   every N steps, exact resume and a JSON lines metrics log
   (:mod:`jaxort.train_loop`).
@@ -98,15 +98,18 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="seed of weights, split and shuffling")
 
     train = commands.add_parser(
-        "train", parents=[common], help="train an artifact set on arrays from an .npz file",
-        description="Train ONNX Runtime Training artifacts (ORT's or jaxort's) on the arrays of an .npz file "
-                    "named like the training model's inputs. Checkpoints hold the optimizer state and the "
+        "train", parents=[common], help="train an artifact set on arrays from an .npz file or .npy files",
+        description="Train ONNX Runtime Training artifacts (ORT's or jaxort's) on the arrays of an .npz file, "
+                    "or of a directory of memory-mapped .npy files (data larger than memory), named like the "
+                    "training model's inputs. Checkpoints hold the optimizer state and the "
                     "position in the data, so --resume continues exactly where a run stopped; Ctrl-C saves "
                     "a checkpoint first (exit status 130).")
     train.add_argument("--artifacts", required=True, metavar="DIR",
                        help="directory with training_model.onnx, optimizer_model.onnx, checkpoint and "
                             "optionally eval_model.onnx")
-    train.add_argument("--data", required=True, metavar="FILE.npz", help="training arrays, examples first")
+    train.add_argument("--data", required=True, metavar="FILE.npz|DIR",
+                       help="training arrays, examples first: an .npz, or a directory of <input name>.npy files "
+                            "(memory-mapped)")
     train.add_argument("--epochs", type=_positive_int, default=1, help="passes over the data (default 1)")
     train.add_argument("--batch-size", type=_positive_int, default=32, help="examples per step (default 32)")
     train.add_argument("--lr", type=_positive_float, default=None,
@@ -115,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="learning-rate schedule over the run's steps (default constant)")
     train.add_argument("--warmup-steps", type=_non_negative_int, default=0,
                        help="warmup steps of the linear and cosine schedules")
-    train.add_argument("--eval-data", default=None, metavar="FILE.npz",
+    train.add_argument("--eval-data", default=None, metavar="FILE.npz|DIR",
                        help="arrays for the eval model, evaluated after each epoch")
     train.add_argument("--eval-every", type=_positive_int, default=None, metavar="N",
                        help="also evaluate every N steps")
@@ -247,10 +250,11 @@ def _run_train(args) -> int:
 
     _artifact_dir(args.artifacts, "--artifacts",
                   ["training_model", "optimizer_model"] + ([] if args.resume else ["checkpoint"]))
-    _regular_file(args.data, "--data")
-    for path, what in ((args.eval_data, "--eval-data"), (args.resume, "--resume")):
-        if path is not None:
+    for path, what in ((args.data, "--data"), (args.eval_data, "--eval-data")):
+        if path is not None and not os.path.isdir(path):  # an .npz, or a directory of .npy files
             _regular_file(path, what)
+    if args.resume is not None:
+        _regular_file(args.resume, "--resume")
     _output_file(args.checkpoint_out, "--checkpoint-out")
     for path, what in ((args.metrics, "--metrics"), (args.plot, "--plot")):
         if path is not None:

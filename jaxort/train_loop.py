@@ -2,7 +2,9 @@
 
 :func:`run_training` trains ONNX Runtime Training artifacts (ORT's or
 jaxort's) with the functional core (:class:`jaxort.training.TrainProgram`) on
-arrays from an ``.npz`` file whose names are the model's inputs: shuffled
+arrays from an ``.npz`` file whose names are the model's inputs, or from a
+directory of memory-mapped ``<input name>.npy`` files (data larger than
+memory, read a batch at a time): shuffled
 fixed-size batches, a progress bar (tqdm), periodic evaluation, checkpoints
 every N steps (atomic, as :func:`jaxort.checkpoint.save` writes them), a JSON
 lines metrics log, a loss-curve PNG, and a checkpoint on Ctrl-C.
@@ -15,7 +17,7 @@ the schedule and ``n``, and the Dropout key of step ``n`` only on
 ``(seed, n)``; so a run resumed from the checkpoint of step ``k`` computes the
 same losses and parameters as one that never stopped.
 
-Also :func:`load_arrays` (an ``.npz`` as a dict, or an ``InputError``) and
+Also :func:`load_arrays` (an ``.npz`` or a directory of ``.npy`` as a dict, or an ``InputError``) and
 :func:`plot_loss_curve` (matplotlib with the Agg canvas, no global backend
 change). A facade module: it imports the layers below and nothing imports it
 but the command line and the demo.
@@ -61,20 +63,28 @@ SCHEDULES = ("constant", "linear", "cosine")
 
 
 def load_arrays(path: PathLike, what: str = "data") -> dict:
-    """Reads every array of an ``.npz`` file.
+    """Reads every array of an ``.npz`` file, or maps every ``.npy`` file of a directory.
+
+    A directory holds one ``<input name>.npy`` per array (examples first); each is
+    memory-mapped read-only, so data larger than memory trains batch by batch.
 
     Args:
-      path: the file.
+      path: the ``.npz`` file or the directory.
       what: how error messages name it (e.g. ``"--data"``).
 
     Returns:
-      Array name -> numpy array, in the file's order.
+      Array name -> numpy array (``np.memmap`` for a directory's), in the
+      file's order (a directory's by name).
 
     Raises:
       InputError: the file is not a readable ``.npz`` archive (a ``.npy``
-        array, a pickle, a truncated or foreign file).
+        array, a pickle, a truncated or foreign file); the directory has no
+        ``.npy`` file, or one that cannot be mapped (object arrays, a
+        truncated file).
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        return _mapped_arrays(path, what)
     try:
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
@@ -85,6 +95,21 @@ def load_arrays(path: PathLike, what: str = "data") -> dict:
         if isinstance(exc, InputError):
             raise
         raise InputError(f"{what} {path!r} is not a readable .npz archive: {exc}") from None
+
+
+def _mapped_arrays(path: str, what: str) -> dict:
+    names = sorted(f for f in os.listdir(path) if f.endswith(".npy"))
+    if not names:
+        raise InputError(f"{what} {path!r} is a directory with no .npy file; it needs one <input name>.npy "
+                         f"per model input")
+    arrays = {}
+    for name in names:
+        file = os.path.join(path, name)
+        try:
+            arrays[name[:-len(".npy")]] = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise InputError(f"{what} {file!r} cannot be memory-mapped as a .npy array: {exc}") from None
+    return arrays
 
 
 def _columns(arrays: Mapping, names: Sequence[str], path: PathLike, what: str) -> list:
@@ -210,7 +235,8 @@ def run_training(
     Args:
       artifacts: a directory with training_model.onnx, optimizer_model.onnx,
         checkpoint and optionally eval_model.onnx.
-      data: an ``.npz`` with one array per training-model input (user inputs
+      data: an ``.npz`` (or a directory of ``<name>.npy`` files, memory-mapped)
+        with one array per training-model input (user inputs
         and labels), examples along the first axis.
       epochs: passes over ``data``.
       batch_size: examples per step.
@@ -220,7 +246,7 @@ def run_training(
         warmup then linear decay to 0 at the last step) or ``"cosine"``
         (warmup then cosine decay), over the run's steps.
       warmup_steps: warmup length for ``linear`` and ``cosine``.
-      eval_data: an ``.npz`` for the eval model's inputs; evaluated at the end
+      eval_data: an ``.npz`` (or directory) for the eval model's inputs; evaluated at the end
         of each epoch, every ``eval_every`` steps and at the end.
       eval_every: evaluate every this many steps too.
       checkpoint_out: the checkpoint written every ``every`` steps, on

@@ -300,3 +300,41 @@ def test_version_and_help_on_every_subcommand(capsys):
             main([command, "--help"])
         assert info.value.code == 0
         assert capsys.readouterr().out.startswith(f"usage: jaxort {command}")
+
+
+def test_a_directory_of_npy_files_trains_as_its_npz_does_memory_mapped(data, tmp_path):
+    # One <input name>.npy per model input, read through memory maps a batch at a time.
+    from jaxort.train_loop import load_arrays
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    arrays = np.load(data[0])
+    for name in arrays.files:
+        np.save(folder / f"{name}.npy", arrays[name])
+    mapped = load_arrays(folder)
+    assert sorted(mapped) == ["input", "labels"] and all(isinstance(v, np.memmap) for v in mapped.values())
+    from_npz, from_dir = tmp_path / "a", tmp_path / "b"
+    assert main(_train(data, from_npz)) == 0
+    assert main(_train((folder, data[1]), from_dir)) == 0
+    assert _losses(f"{from_npz}.metrics.jsonl") == _losses(f"{from_dir}.metrics.jsonl")
+    a, b = ckpt.load(from_npz), ckpt.load(from_dir)
+    for name in a.trainable:
+        np.testing.assert_array_equal(a.trainable[name], b.trainable[name])
+
+
+def test_a_bad_directory_of_npy_files_is_one_line(data, tmp_path, capsys):
+    base = ["train", "--artifacts", str(GOLDEN), "--checkpoint-out", str(tmp_path / "ck"), "--no-progress"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(base + ["--data", str(empty)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"jaxort train: --data {str(empty)!r} is a directory with no .npy file; it needs one <input name>.npy "
+        "per model input")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    np.save(broken / "input.npy", np.zeros((48, 20), np.float32))
+    (broken / "labels.npy").write_bytes(b"\x93NUMPY garbage")
+    assert main(base + ["--data", str(broken)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert err.startswith(f"jaxort train: --data {str(broken / 'labels.npy')!r} cannot be memory-mapped")
