@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Mapping, Sequence
+import math
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -308,7 +309,11 @@ def _dispatch(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tuple
 
 
 def _run_program(prog: _Program, env, runtime: _Runtime) -> None:
-    for node in prog.nodes:
+    _run_nodes(prog.nodes, env, runtime)
+
+
+def _run_nodes(nodes: Sequence, env, runtime: _Runtime) -> None:
+    for node in nodes:
         args = []
         for name in node.inputs:
             if not name:
@@ -325,6 +330,63 @@ def _run_program(prog: _Program, env, runtime: _Runtime) -> None:
         for name, value in zip(node.outputs, outs):
             if name:
                 env[name] = value
+
+
+def _reads(node) -> set:
+    """The names a node reads: its inputs and what its subgraphs read from outside them."""
+    names = {n for n in node.inputs if n}
+    for sub in node.subgraphs.values():
+        for program in (sub if isinstance(sub, (list, tuple)) else [sub]):
+            names |= set(program.free_names)
+    return names
+
+
+def _run_program_remat(prog: _Program, env, runtime: _Runtime, policy: Callable) -> None:
+    """:func:`_run_program` in about sqrt(n) segments of consecutive nodes, each under
+    ``jax.checkpoint(policy=policy)``: the backward pass keeps the values that cross segment
+    boundaries (and what ``policy`` saves inside one) and computes the rest again.
+
+    Static values (numpy: shape arithmetic) stay static: they enter a segment by closure and
+    leave it through a side table, never as traced arguments or results.
+    """
+    nodes = prog.nodes
+    size = max(1, math.ceil(math.sqrt(len(nodes))))
+    chunks = [nodes[i:i + size] for i in range(0, len(nodes), size)]
+    needed_after = []
+    needed = set(prog.output_names)
+    for chunk in reversed(chunks):
+        needed_after.append(set(needed))
+        for node in chunk:
+            needed |= _reads(node)
+    needed_after.reverse()
+    for chunk, later in zip(chunks, needed_after):
+        produced = [o for node in chunk for o in node.outputs if o]
+        inside = set(produced)
+        reads = sorted({n for node in chunk for n in _reads(node)} - inside)
+        live = [n for n in reads if n in env]
+        traced = [n for n in live if not is_static(env[n])]
+        closed = {n: env[n] for n in live if is_static(env[n])}
+        keep = [o for o in produced if o in later]
+        static_out: dict = {}
+
+        def segment(*values, chunk=chunk, traced=traced, closed=closed, keep=keep, static_out=static_out):
+            local = dict(closed)
+            local.update(zip(traced, values))
+            inner = dataclasses.replace(runtime, updates=None if runtime.updates is None else {})
+            _run_nodes(chunk, local, inner)
+            out = {}
+            for name in keep:
+                if is_static(local[name]):
+                    static_out[name] = local[name]  # concrete: safe to carry out of the trace
+                else:
+                    out[name] = local[name]
+            return out, inner.updates or {}
+
+        out, updates = jax.checkpoint(segment, policy=policy)(*(env[n] for n in traced))
+        env.update(static_out)
+        env.update(out)
+        if runtime.updates is not None:
+            runtime.updates.update(updates)
 
 
 def _check_default_opset(opsets: Mapping) -> None:
@@ -557,11 +619,18 @@ class JaxGraph:
             if init.dtype in _WIDE_FLOATS:
                 raise InputError(_x64_message("param (initializer)", name, init.dtype))
 
-    def apply_with_updates(self, params: Mapping, *inputs, rng=None, training: bool = False):
+    def apply_with_updates(self, params: Mapping, *inputs, rng=None, training: bool = False,
+                           remat: Callable | None = None):
         """Like :meth:`apply`, and also returns state updates made by training-mode ops.
 
         ``rng`` may also be a :class:`~jaxort.graph.NodeKey`, whose
         ``uses`` then tells the caller whether any node drew a key.
+
+        ``remat``: a ``jax.checkpoint`` policy. The nodes then run in about
+        sqrt(n) segments, each rematerialised under the policy: a backward
+        pass through this call keeps the values crossing segment boundaries
+        and what the policy saves, and computes the rest again (the same
+        values, less memory). None: no rematerialisation.
 
         Returns:
           ``(outputs, updates)``: the output tuple, and a dict param name -> new
@@ -579,7 +648,10 @@ class JaxGraph:
         if rng is not None and not isinstance(rng, NodeKey):
             rng = NodeKey(rng)
         runtime = _Runtime(training, rng, updates, self.opsets, self._functions, x64)
-        _run_program(self._program, env, runtime)
+        if remat is None:
+            _run_program(self._program, env, runtime)
+        else:
+            _run_program_remat(self._program, env, runtime, remat)
         outs = tuple(_as_output(n, env[n], x64) for n in self._program.output_names)
         return outs, updates
 

@@ -39,7 +39,7 @@ from jaxort.training.precision import Policy, cast_model, compute_names
 from jaxort.training.sharding import gather, placement_of
 from jaxort.training.state import TrainState, restore_optimizer_state, state_from_checkpoint, state_to_checkpoint
 from jaxort.training.step_cache import program_fingerprint
-from jaxort.training.steps import Steps
+from jaxort.training.steps import Steps, remat_policy
 
 __all__ = ["TrainProgram"]
 
@@ -80,6 +80,7 @@ class TrainProgram:
         loss_fn: Callable | None = None,
         label_names: Sequence[str] | None = None,
         fuse: bool = True,
+        remat=None,
     ):
         """Builds a program; most users call :meth:`from_artifacts` instead.
 
@@ -99,9 +100,20 @@ class TrainProgram:
           fuse: run recognised subgraphs (layer norm, softmax and its loss,
             Gelu, attention) through the fused rules of ``jaxort.graph.patterns``;
             False runs every node op by op (``JaxGraph(fuse=...)``).
+          remat: rematerialise the forward pass in train steps: None (keep
+            every value the backward pass reads), ``"dots"`` (keep matrix
+            products and convolutions, compute the rest again),
+            ``"dots_no_batch"``, ``"nothing_saveable"``, or any
+            ``jax.checkpoint`` policy. Less memory for more compute; the
+            same gradients.
+
+        Raises:
+          TrainingError: an unknown ``remat`` name.
         """
         self.training_model = training_model
         self.fuse = bool(fuse)
+        self.remat = remat
+        remat_fn = remat_policy(remat)
         self.loss_fn = loss_fn
         self._n_graph_inputs = len(info.input_names)
         if loss_fn is not None and label_names is None:
@@ -141,7 +153,8 @@ class TrainProgram:
             n_graph_inputs=len(info.input_names), n_eval_graph_inputs=n_eval_graph_inputs,
             output_name=self.output_names[0] if self.output_names else "loss", optimizer=optimizer,
             policy=policy, low_precision=(low_precision.get(id(training_model), frozenset()), eval_low),
-            input_names=self.input_names, eval_input_names=self.eval_input_names, loss_fn=loss_fn),
+            input_names=self.input_names, eval_input_names=self.eval_input_names, loss_fn=loss_fn,
+            remat=remat_fn),
             fingerprint=self._step_fingerprint)
 
     def _step_fingerprint(self) -> str | None:
@@ -149,10 +162,12 @@ class TrainProgram:
         opt = self.optimizer
         if self.loss_fn is not None or (opt is not None and not getattr(opt, "described", False)):
             return None
+        if self.remat is not None and not isinstance(self.remat, str):
+            return None  # a policy function: Python code decides what the step keeps
         steps = self._steps.steps
         return program_fingerprint([self.training_model, self.eval_model], [
             None if opt is None else (opt.optimizer_type, sorted(opt.hyperparameters.items())),
-            self.policy, self.fuse, self.input_names, self.output_names, self.eval_input_names,
+            self.policy, self.fuse, self.remat, self.input_names, self.output_names, self.eval_input_names,
             self.eval_output_names, self.trainable_names, self.frozen_names, sorted(steps.eval_params),
             [sorted(names) for names in steps.low_precision]])
 
@@ -171,6 +186,7 @@ class TrainProgram:
         loss_fn: Callable | None = None,
         label_names: Sequence[str] | None = None,
         fuse: bool = True,
+        remat=None,
     ) -> "TrainProgram":
         """Builds a program from ORT Training artifacts (or jaxort's).
 
@@ -197,12 +213,13 @@ class TrainProgram:
             the training model records, else its parameters without defaults
             after the model outputs.
           fuse: fused rules for recognised subgraphs (see ``__init__``).
+          remat: rematerialisation of the forward pass in train steps (see ``__init__``).
 
         Returns:
           The program.
 
         Raises:
-          TrainingError: unknown optimizer op, bad names, or a training model
+          TrainingError: unknown optimizer op or remat name, bad names, or a training model
             generated with a JAX loss given without ``loss_fn``.
           ModelError / UnsupportedOpError: the graphs cannot be traced.
         """
@@ -233,7 +250,8 @@ class TrainProgram:
         if optimizer_model is not None and opt is None:
             opt = optimizer_from_model(load_model(optimizer_model, check=False))
         return cls(train, info=info, eval_model=eval_proto, eval_info=eval_info,
-                   optimizer=opt, policy=policy, loss_fn=loss_fn, label_names=label_names, fuse=fuse)
+                   optimizer=opt, policy=policy, loss_fn=loss_fn, label_names=label_names, fuse=fuse,
+                   remat=remat)
 
     def _make_graph(self, model, info, policy, low_precision: dict) -> JaxGraph:
         sliced = ort_artifacts.slice_model(model, info.output_names, keep_inputs=info.input_names)

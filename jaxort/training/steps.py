@@ -23,7 +23,32 @@ from jaxort.training.pending import Pending, run_pending
 from jaxort.training.precision import Policy
 from jaxort.training.state import TrainState, apply_schedule
 
-__all__ = ["Steps"]
+__all__ = ["REMAT_POLICIES", "Steps", "remat_policy"]
+
+#: Names of ``jax.checkpoint`` policies for the ``remat`` option: what the backward pass keeps
+#: of the forward's values (everything else is computed again).
+REMAT_POLICIES = {
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # matrix products and convolutions
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # those without batch dims
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,  # nothing: all again
+}
+
+
+def remat_policy(remat) -> Optional[Callable]:
+    """The ``jax.checkpoint`` policy a ``remat`` option names (None: no rematerialisation).
+
+    Args:
+      remat: None, a name of :data:`REMAT_POLICIES`, or a ``jax.checkpoint`` policy (a callable).
+
+    Raises:
+      TrainingError: an unknown name.
+    """
+    if remat is None or callable(remat):
+        return remat
+    if isinstance(remat, str) and remat in REMAT_POLICIES:
+        return REMAT_POLICIES[remat]
+    raise TrainingError(f"remat must be None, one of {sorted(REMAT_POLICIES)} or a jax.checkpoint policy, "
+                        f"got {remat!r}")
 
 
 class Steps:
@@ -42,13 +67,16 @@ class Steps:
         the compute dtype (under a policy).
       input_names / eval_input_names: the steps' inputs.
       loss_fn: a JAX loss over the model outputs and labels, or None.
+      remat: a ``jax.checkpoint`` policy the forward pass is rematerialised
+        with in train steps, segment by segment (``JaxGraph.apply_with_updates``),
+        or None.
     """
 
     def __init__(self, *, train_graph: JaxGraph, eval_graph: JaxGraph, eval_params: frozenset,
                  n_graph_inputs: int, n_eval_graph_inputs: int, output_name: str,
                  optimizer: OrtOptimizer | OptaxOptimizer | None, policy: Optional[Policy],
                  low_precision: tuple, input_names: Sequence[str], eval_input_names: Sequence[str],
-                 loss_fn: Optional[Callable]):
+                 loss_fn: Optional[Callable], remat: Optional[Callable] = None):
         self.train_graph = train_graph
         self.eval_graph = eval_graph
         self.eval_params = eval_params
@@ -61,6 +89,7 @@ class Steps:
         self.input_names = tuple(input_names)
         self.eval_input_names = tuple(eval_input_names)
         self.loss_fn = loss_fn
+        self.remat = remat
 
     # ------------------------------------------------------------------ forward and backward
 
@@ -104,7 +133,7 @@ class Steps:
 
         def loss_fn(params):
             outs, updates = graph.apply_with_updates(
-                self._all_params(params, state.frozen), *inputs, rng=key, training=True)
+                self._all_params(params, state.frozen), *inputs, rng=key, training=True, remat=self.remat)
             outs = self._add_loss(outs, labels)
             loss = outs[0]
             if jnp.ndim(loss) != 0 and jnp.size(loss) != 1:
