@@ -2365,3 +2365,13 @@ def test_lstm_and_gru_in_reverse_and_both_directions_and_batch_first(op, directi
 
     nodes = [N(op, names, outputs, hidden_size=hidden, direction=direction, layout=layout)] + _flat_outputs(outputs)
     _check(nodes, {}, _batch_first(params, layout), ref)
+
+
+def test_tile_repeats_built_from_constants_are_folded():
+    # As DeBERTa's export builds them: Concat of Unsqueezed scalar Constants.
+    x = _rand(2, 3, seed=173)
+    nodes = [N("Constant", [], [f"r{k}"], value=numpy_helper.from_array(np.array(v, np.int64)))
+             for k, v in enumerate((4, 1))]
+    nodes += [_const("zero", [0]), N("Unsqueeze", ["r0", "zero"], ["u0"]), N("Unsqueeze", ["r1", "zero"], ["u1"]),
+              N("Concat", ["u0", "u1"], ["repeats"], axis=0), N("Tile", ["x", "repeats"], ["y"])]
+    _check(nodes, {}, {"x": x}, lambda p, d: jnp.tile(p["x"], (4, 1)))

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
-from jaxort.graph import numpy_dtype, tensor_from_numpy, tensor_to_numpy
+from jaxort.graph import normalize_domain, numpy_dtype, tensor_from_numpy, tensor_to_numpy
 
 _MS_DOMAIN = "com.microsoft"
 
@@ -46,6 +46,8 @@ class _Emitter:
         out._taken = self._taken
         self.static("")  # index this graph's constants
         out._constants = {**self._constants, **_constant_sources(model.graph)}
+        out._producers = {**self._producers, **{o: n for n in model.graph.node for o in n.output if o}}
+        out._folded = {}
         return out
 
     def name(self, hint: str) -> str:
@@ -72,10 +74,33 @@ class _Emitter:
         return self.op("Constant", [], value=tensor_from_numpy(np.asarray(value, dtype=numpy_dtype(elem_type))))
 
     def static(self, name: str) -> Optional[np.ndarray]:
-        """The value of an initializer or a Constant node's output, else None (indexed once)."""
+        """The value of an initializer, a Constant node's output, or a value small shape arithmetic
+        computes from those (Concat of Unsqueezed constants, as exporters build Tile repeats and
+        Reshape targets), else None (indexed once)."""
         if self._constants is None:
             self._constants = _constant_sources(self.model.graph)
-        return _static(self._constants.get(name))
+            self._producers = {o: n for n in self.model.graph.node for o in n.output if o}
+            self._folded: dict = {}
+        value = _static(self._constants.get(name))
+        if value is None and name in self._producers:
+            value = self._fold(name, depth=0)
+        return value
+
+    def _fold(self, name: str, depth: int) -> Optional[np.ndarray]:
+        # Only the ops of shape arithmetic, on small values, a few levels deep: folding is for
+        # what a rule needs to know when it writes the graph, not for the model's arithmetic.
+        if name in self._folded:
+            return self._folded[name]
+        value = _static(self._constants.get(name))
+        node = self._producers.get(name)
+        if value is None and node is not None and depth < _FOLD_DEPTH and node.op_type in _FOLDABLE \
+                and normalize_domain(node.domain) == "" and not _captured(node):
+            args = [self._fold(i, depth + 1) if i else None for i in node.input]
+            if all(a is not None or not i for a, i in zip(args, node.input)) and \
+                    all(a is None or a.size <= _FOLD_SIZE for a in args):
+                value = _evaluate(node, args, self.opset)
+        self._folded[name] = value
+        return value
 
     def ints(self, values: Sequence[int]) -> str:
         return self.const(np.asarray(list(values), np.int64), TensorProto.INT64)
@@ -85,6 +110,32 @@ class _Emitter:
 
     def dims(self, value: str) -> Optional[list]:
         return self.shapes.get(value, (0, None))[1]
+
+
+# What Emitter.static folds: the ops exporters build constant shapes and repeats with.
+_FOLDABLE = frozenset({"Concat", "Unsqueeze", "Squeeze", "Reshape", "Cast", "Identity", "Gather", "Slice",
+                       "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Range", "ConstantOfShape", "Expand",
+                       "Equal", "Where", "Min", "Max"})
+_FOLD_DEPTH, _FOLD_SIZE = 16, 4096
+
+
+def _evaluate(node: onnx.NodeProto, args: list, opset: int) -> Optional[np.ndarray]:
+    """The node's first output on constant inputs, by ONNX's reference evaluator (None if it fails)."""
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"in{k}" if i else "" for k, i in enumerate(node.input)]
+    inner = onnx.NodeProto()
+    inner.CopyFrom(node)
+    inner.input[:] = names
+    inner.output[:] = ["out"] + [""] * (len(node.output) - 1)
+    inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+              for n, a in zip(names, args) if n]
+    model = helper.make_model(helper.make_graph([inner], "fold", inputs, [helper.make_empty_tensor_value_info("out")]),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    try:
+        return np.asarray(ReferenceEvaluator(model).run(None, {n: a for n, a in zip(names, args) if n})[0])
+    except Exception:  # noqa: BLE001 - an op the evaluator cannot run here: not foldable
+        return None
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
