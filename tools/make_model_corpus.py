@@ -55,6 +55,12 @@ Workarounds for ONNX Runtime 1.19.2 (see docs/real-models.md):
 - ORT's Module cannot load the eval model it writes for a training-mode
   BatchNormalization with three outputs: stage 2 trains without an eval
   model in that case; the eval model is committed as ORT wrote it.
+- ScaledSumFusion wires the wrong input into ScaledSum when the third addend
+  of ``x + (u / c + v / c)`` is not itself a Div by a constant (DeBERTa's
+  ``bmm(q, k^T / scale)``): stage 1 moves such a Div after its MatMul.
+- ScaledSum has CUDA and ROCm kernels only: stage 2 trains a copy of the
+  training model with each ScaledSum written as Mul and Add; the committed
+  training model keeps ORT's ScaledSum.
 
 Every random value comes from a fixed seed, so a rerun gives the same files.
 """
@@ -65,6 +71,7 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -376,6 +383,22 @@ def _build(name):
         return wrap(Wav2Vec2ForSequenceClassification(cfg)), ["input_values"], \
             lambda: torch_randn(4, 400, generator=g), lambda: torch.randint(0, 4, (4,), generator=g), \
             "CrossEntropyLoss"
+    if name == "deberta":
+        from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+        # DeBERTa-v3's layout: disentangled attention (content-to-position and position-to-content)
+        # over log-bucketed relative positions (4 buckets, so seq 8 reaches the log buckets), one
+        # relative embedding shared by the layers and layer-normed, no absolute position embedding.
+        cfg = DebertaV2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=64, max_position_embeddings=16, type_vocab_size=0,
+                              relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=4,
+                              max_relative_positions=-1, share_att_key=True, norm_rel_ebd="layer_norm",
+                              position_biased_input=False, hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0, pooler_dropout=0.0, cls_dropout=0.0,
+                              num_labels=3, attn_implementation="eager")
+        wrap = _classifier(lambda m, i: m(input_ids=i, return_dict=False)[0])
+        return wrap(DebertaV2ForSequenceClassification(cfg)), ["input_ids"], ids, \
+            lambda: torch.randint(0, 3, (4,), generator=g), "CrossEntropyLoss"
     if name in ("lstm", "gru"):
         from torch import nn
 
@@ -399,7 +422,7 @@ def _build(name):
 
 CASES = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "distilbert", "gpt2", "t5", "vit",
          "lstm", "gru", "swin", "mlp_mixer", "llama", "unet", "densenet", "levit",
-         "wav2vec2")
+         "wav2vec2", "deberta")
 DESCRIPTIONS = {
     "resnet18": "torchvision ResNet-18 (BasicBlock [2,2,2,2]), stage widths 3-6-12-24, 3x32x32, batch 8",
     "mobilenet_v3_small": "torchvision mobilenet_v3_small(width_mult=0.125, reduced_tail=True), 3x32x32, batch 8",
@@ -425,6 +448,8 @@ DESCRIPTIONS = {
              "3x32x32, batch 8, HardSwish kept",
     "wav2vec2": "transformers Wav2Vec2ForSequenceClassification, conv features 8-8 (GroupNorm), weight-normed "
                 "positional conv, 1 layer, hidden 16, 400 samples, batch 4",
+    "deberta": "transformers DebertaV2ForSequenceClassification, 2 layers, hidden 32, 2 heads, intermediate 64, "
+               "relative attention (p2c, c2p, 4 position buckets), seq 8, vocab 64, 3 labels, batch 4",
 }
 
 
@@ -484,6 +509,52 @@ def _add_layernorm_stats(model):
     return count
 
 
+def _scale_after_matmul(model):
+    """Rewrites ``MatMul(a, Div(b, c))`` into ``Div(MatMul(a, b), c)`` where ORT 1.19.2 mis-fuses it.
+
+    ORT 1.19.2's ScaledSumFusion turns ``x + (Div(u, c) + Div(v, c))`` into ScaledSum, and when
+    ``x``'s producer is not itself a Div by a constant it wires that producer's first input
+    instead of ``x``. DeBERTa's ``bmm(q, k^T / scale) + (c2p / scale + p2c / scale)`` then sums
+    ``q`` where the content-to-content scores belong. With the Div after the MatMul the third
+    addend is a scaled operand too, which the fusion handles. Only MatMuls whose output is added
+    to a sum are rewritten; the function is the same up to float rounding.
+    """
+    producer = {o: node for node in model.graph.node for o in node.output}
+    consumers = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    moved = {}  # index of a MatMul -> index of the Div that now follows it
+    for i, matmul in enumerate(model.graph.node):
+        if matmul.op_type != "MatMul":
+            continue
+        div = producer.get(matmul.input[1])
+        if div is None or div.op_type != "Div" or len(consumers.get(div.output[0], [])) != 1:
+            continue
+        constant = producer.get(div.input[1])
+        if constant is None or constant.op_type != "Constant":
+            continue
+        uses = consumers.get(matmul.output[0], [])
+        if len(uses) != 1 or uses[0].op_type != "Add":
+            continue
+        add = uses[0]
+        other = producer.get(add.input[1] if add.input[0] == matmul.output[0] else add.input[0])
+        if other is None or other.op_type != "Add":
+            continue
+        scores, unscaled = matmul.output[0], f"{matmul.output[0]}_unscaled"
+        matmul.input[1], matmul.output[0] = div.input[0], unscaled
+        div.input[0], div.output[0] = unscaled, scores
+        moved[i] = list(model.graph.node).index(div)
+    if moved:
+        order = [j for j in range(len(model.graph.node)) if j not in moved.values()]
+        order = [k for j in order for k in ((j, moved[j]) if j in moved else (j,))]
+        nodes = [model.graph.node[j].SerializeToString() for j in order]
+        del model.graph.node[:]
+        for data in nodes:
+            model.graph.node.add().ParseFromString(data)
+    return len(moved)
+
+
 def _shorten_names(model):
     """Renames nodes and intermediate values to short names; graph inputs, outputs, initializers keep theirs.
 
@@ -536,6 +607,7 @@ def export_case(name, out):
                       output_names=["logits" if kind == "CrossEntropyLoss" else "output"])
     proto = onnx.load_from_string(buffer.getvalue())
     layernorms = _add_layernorm_stats(proto)
+    moved_scales = _scale_after_matmul(proto)
     _shorten_names(proto)
     onnx.checker.check_model(proto, full_check=True)
     initializers = {t.name for t in proto.graph.initializer}
@@ -575,6 +647,7 @@ def export_case(name, out):
         "requires_grad": trainable,
         "frozen_params": frozen,
         "layernorm_stats_added": layernorms,
+        "scales_moved_after_matmul": moved_scales,
         "torch_float32_vs_float64_param_drift": drift,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__,
                      **_versions("torchvision", "transformers")},
@@ -652,6 +725,45 @@ def ort_case(out):
     return case, info, size
 
 
+def _expand_scaled_sum(model):
+    """Writes each com.microsoft ScaledSum as Mul and Add (its definition); returns how many.
+
+    ORT 1.19.2 writes ScaledSum (ScaledSumFusion, DeBERTa's attention scores) into training
+    models but has CUDA and ROCm kernels for it only; its CPU Module trains this copy instead.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    nodes, count = [], 0
+    for node in model.graph.node:
+        if node.domain != "com.microsoft" or node.op_type != "ScaledSum":
+            nodes.append(node)
+            continue
+        count += 1
+        scales = {a.name: a.f for a in node.attribute}
+        terms = []
+        for k, name in enumerate(node.input):
+            if not name:
+                continue
+            scale = f"{node.name}/scale_{k}"
+            model.graph.initializer.append(
+                numpy_helper.from_array(np.array(scales.get(f"scale_{k}", 1.0), np.float32), scale))
+            terms.append(f"{node.name}/term_{k}")
+            nodes.append(helper.make_node("Mul", [name, scale], [terms[-1]], name=f"{node.name}/Mul_{k}"))
+        total = terms[0]
+        for k, term in enumerate(terms[1:]):
+            out = node.output[0] if k == len(terms) - 2 else f"{node.name}/sum_{k}"
+            nodes.append(helper.make_node("Add", [total, term], [out], name=f"{node.name}/Add_{k}"))
+            total = out
+    if count:
+        copies = [onnx.NodeProto() for _ in nodes]
+        for copy, node in zip(copies, nodes):
+            copy.CopyFrom(node)
+        del model.graph.node[:]
+        model.graph.node.extend(copies)
+    return count
+
+
 class _OrtGap(Exception):
     """ORT 1.19.2 cannot make or load its artifacts of a model (no gradient builder, no CPU kernel)."""
 
@@ -677,14 +789,21 @@ def _ort_train(out, case, model):
     with np.load(out / "batches.npz") as f:
         batches = {k: f[k] for k in f.files}
 
+    training_path = out / "training_model.onnx"
+    cpu_training = onnx.load(str(training_path))
+    scaled_sums = _expand_scaled_sum(cpu_training)
+    if scaled_sums:  # the committed training model keeps ORT's ScaledSum
+        scratch = tempfile.TemporaryDirectory()
+        training_path = pathlib.Path(scratch.name) / "training_model.onnx"
+        onnx.save(cpu_training, str(training_path))
     state = CheckpointState.load_checkpoint(str(out / "checkpoint"))
     try:
-        module = Module(str(out / "training_model.onnx"), state, str(out / "eval_model.onnx"), device="cpu")
+        module = Module(str(training_path), state, str(out / "eval_model.onnx"), device="cpu")
         eval_loads = True
     except Exception:  # ORT 1.19.2 rejects its own eval model for a 3-output BatchNormalization
         state = CheckpointState.load_checkpoint(str(out / "checkpoint"))
         try:
-            module = Module(str(out / "training_model.onnx"), state, device="cpu")
+            module = Module(str(training_path), state, device="cpu")
         except Exception as e:  # a gradient op without a CPU kernel
             raise _OrtGap(" ".join(str(e).split())) from e
         eval_loads = False
@@ -734,6 +853,7 @@ def _ort_train(out, case, model):
         "losses": losses,
         "eval_loss": eval_loss,
         "ort_eval_model_loads": eval_loads,
+        "ort_trained_scaled_sum_as_mul_add": scaled_sums,
         "ort_train_steps_per_s": 3.0 / timed,
         "loss_path_ops": loss_path,
         "nonstandard_loss_path_ops": [k for k in loss_path if not _standard(k)],
@@ -755,7 +875,7 @@ README_HEAD = """# Real-model corpus
 
 Written by `tools/make_model_corpus.py` (stage `export` with torch 2.13.0 CPU,
 torchvision 0.28.0, transformers 5.24.0 (5.25.0 for `swin`, `llama`, `levit`,
-`wav2vec2`; each `case.json` records its versions), onnx 1.16.2; stage `ort`
+`wav2vec2`, `deberta`; each `case.json` records its versions), onnx 1.16.2; stage `ort`
 with onnxruntime-training 1.19.2, onnx 1.16.2, numpy 2.2). Random
 initialisation, tiny configs, no downloaded weights. docs/real-models.md says
 how and why.
@@ -801,6 +921,13 @@ PyTorch's gradients instead. Their rows below list the non-standard ops of
 Export workaround: `llama` is called with an all-ones attention mask; without
 one, transformers looks for packed sequences in the position ids with
 `torch.diff`, which the legacy exporter cannot write.
+
+`deberta`: ORT 1.19.2's ScaledSumFusion wires the wrong tensor into the
+ScaledSum of DeBERTa's attention scores when the content-to-content term is
+`MatMul(q, Div(k^T, c))` (it takes the MatMul's first input, `q`), so stage 1
+writes that term as `Div(MatMul(q, k^T), c)`, the same function. ORT has no
+CPU kernel for ScaledSum: `training_model.onnx` keeps it, and ORT's reference
+run trained a copy with each ScaledSum written as Mul and Add.
 
 ORT steps/s: train step + optimizer step + lazy_reset_grad, timed over steps
 3-5 on two shared CPU cores; noisy (a factor of a few between runs).

@@ -192,8 +192,12 @@ def replay_model(case: str) -> dict:
     loss_rel, param = diffs(*ours)
     # ORT trains its own artifacts again: against its recorded run (does it reproduce
     # itself?), and for LIVE_STEPS steps against jaxort's artifacts trained as long.
-    rerun_loss_rel, rerun_param = diffs(*_train_in_ort(root, info, batches))
-    live_loss_rel, live_param = diffs(*longer, want=_train_in_ort(root, info, batches, LIVE_STEPS))
+    try:
+        rerun_loss_rel, rerun_param = diffs(*_train_in_ort(root, info, batches))
+        live_loss_rel, live_param = diffs(*longer, want=_train_in_ort(root, info, batches, LIVE_STEPS))
+    except RuntimeError as e:  # ORT's own files hold an op with no ORT CPU kernel (DeBERTa's ScaledSum)
+        return {**row, "max_loss_rel_diff": loss_rel, "max_param_diff": param,
+                "ort_own_fails": str(e).split(" : ")[-1].splitlines()[0][:120]}
     return {**row, "max_loss_rel_diff": loss_rel, "max_param_diff": param,
             "ort_rerun_loss_rel_diff": rerun_loss_rel, "ort_rerun_param_diff": rerun_param,
             "live_steps": LIVE_STEPS, "live_loss_rel_diff": live_loss_rel, "live_param_diff": live_param}
@@ -230,6 +234,11 @@ def main(argv=None) -> int:
                 print(f"| {r['case']} | {r['optimizer_steps']} | {r['torch_loss_rel_diff']:.3g} against float32 "
                       f"PyTorch | - | ORT cannot train its own: {r['ort_gap']} | - |")
                 ok = ok and r["torch_loss_rel_diff"] <= 1e-4
+                continue
+            if "ort_own_fails" in r:  # against the recorded run only
+                print(f"| {r['case']} | {r['optimizer_steps']} | {r['max_loss_rel_diff']:.3g} | "
+                      f"{r['max_param_diff']:.3g} | ORT cannot run its own files here: {r['ort_own_fails']} | - |")
+                ok = ok and r["max_loss_rel_diff"] <= RTOL and r["max_param_diff"] <= ATOL
                 continue
             print(f"| {r['case']} | {r['optimizer_steps']} | {r['max_loss_rel_diff']:.3g} | "
                   f"{r['max_param_diff']:.3g} | {r['ort_rerun_loss_rel_diff']:.3g}, "

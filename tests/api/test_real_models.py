@@ -3,7 +3,7 @@
 tests/fixtures/models/<case>/ holds a PyTorch export of a real architecture
 (torchvision ResNet-18, MobileNetV3-small, EfficientNet-B0, DenseNet;
 transformers BERT, DistilBERT, GPT-2, T5, ViT, Swin, Llama, LeViT,
-Wav2Vec2; an MLP-Mixer and a UNet; LSTM and GRU classifiers; tiny configs,
+Wav2Vec2, DeBERTa-v2; an MLP-Mixer and a UNet; LSTM and GRU classifiers; tiny configs,
 random initialisation), the artifacts onnxruntime-training 1.19.2's
 generate_artifacts wrote for it, and what ORT and float64 PyTorch computed
 (tools/make_model_corpus.py; tests/fixtures/models/README.md).
@@ -50,10 +50,11 @@ MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "models"
 # The default run takes the models that compile fast and between them cover ORT's rewrites
 # of transformers (BiasGelu, FastGelu, ConcatTraining) and recurrent nets (LSTMTraining,
 # GRUTraining), and the ops ORT cannot train (HardSwish, InstanceNormalization, Resize); the
-# other CNNs (BatchNormInternal), BERT, DistilBERT, T5, Swin and Llama take 10-60 s each.
+# other CNNs (BatchNormInternal), BERT, DistilBERT, T5, Swin, Llama and DeBERTa (ScaledSum) take
+# 10-60 s each.
 FAST = ("gpt2", "vit", "lstm", "gru", "mlp_mixer", "unet", "levit", "wav2vec2")
 SLOW = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "distilbert", "t5", "swin", "llama",
-        "densenet")
+        "densenet", "deberta")
 CASES = [*FAST, *(pytest.param(c, marks=pytest.mark.slow) for c in SLOW)]
 LOSS_RTOL, PARAM_ATOL = 1e-4, 1e-4
 # float32 gradients against float64 PyTorch: the BatchNorm models (batch 8) carry the largest
