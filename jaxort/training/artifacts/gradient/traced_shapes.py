@@ -29,7 +29,7 @@ def traced_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict:
     """name -> (elem_type, dims) for those of ``names`` jaxort's tracer can give a shape,
     each dim an int or None (it follows a symbolic input dim). Empty when the graph cannot
     be traced abstractly (an input of unknown rank, an op that needs values)."""
-    from jaxort.graph import JaxGraph, numpy_dtype
+    from jaxort.graph import JaxGraph, numpy_dtype, x64_enabled_scope
 
     graph = model.graph
     inputs = []
@@ -46,10 +46,11 @@ def traced_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict:
     runs = []
     try:
         g = JaxGraph(probe, params=[], check=False)
-        for size in _TRIAL_SIZES:
-            args = [jax.ShapeDtypeStruct([size if d is None else d for d in dims], numpy_dtype(elem))
-                    for _, elem, dims in inputs]
-            runs.append(jax.eval_shape(lambda *a: g.apply({}, *a), *args))
+        with x64_enabled_scope():  # int64 inputs (token ids) as they are, as the graph declares them
+            for size in _TRIAL_SIZES:
+                args = [jax.ShapeDtypeStruct([size if d is None else d for d in dims], numpy_dtype(elem))
+                        for _, elem, dims in inputs]
+                runs.append(jax.eval_shape(lambda *a: g.apply({}, *a), *args))
     except Exception:  # noqa: BLE001 - any failure to trace leaves inference's answer as it was
         return {}
     out = {}
