@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train", parents=[common], help="train an artifact set on arrays from an .npz file or .npy files",
         description="Train ONNX Runtime Training artifacts (ORT's or jaxort's) on the arrays of an .npz file, "
-                    "or of a directory of memory-mapped .npy files (data larger than memory), named like the "
+                    "or of a directory of .npy files read a batch at a time (data larger than memory), named like the "
                     "training model's inputs. Checkpoints hold the optimizer state and the "
                     "position in the data, so --resume continues exactly where a run stopped; Ctrl-C saves "
                     "a checkpoint first (exit status 130).")
@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
                             "optionally eval_model.onnx")
     train.add_argument("--data", required=True, metavar="FILE.npz|DIR",
                        help="training arrays, examples first: an .npz, or a directory of <input name>.npy files "
-                            "(memory-mapped)")
+                            "(rows read a batch at a time)")
     train.add_argument("--epochs", type=_positive_int, default=1, help="passes over the data (default 1)")
     train.add_argument("--batch-size", type=_positive_int, default=32, help="examples per step (default 32)")
     train.add_argument("--lr", type=_positive_float, default=None,

@@ -3,11 +3,11 @@
 :func:`run_training` trains ONNX Runtime Training artifacts (ORT's or
 jaxort's) with the functional core (:class:`jaxort.training.TrainProgram`) on
 arrays from an ``.npz`` file whose names are the model's inputs, or from a
-directory of memory-mapped ``<input name>.npy`` files (data larger than
-memory, read a batch at a time): shuffled
-fixed-size batches, a progress bar (tqdm), periodic evaluation, checkpoints
-every N steps (atomic, as :func:`jaxort.checkpoint.save` writes them), a JSON
-lines metrics log, a loss-curve PNG, and a checkpoint on Ctrl-C.
+directory of ``<input name>.npy`` files whose rows are read a batch at a
+time (:class:`NpyRows`: data larger than memory): shuffled fixed-size
+batches, a progress bar (tqdm), periodic evaluation, checkpoints every N
+steps (atomic, as :func:`jaxort.checkpoint.save` writes them), a JSON lines
+metrics log, a loss-curve PNG, and a checkpoint on Ctrl-C.
 
 Resuming is exact. A checkpoint written here holds the optimizer state and,
 as integer properties, where the run stood (``jaxort.train.step``,
@@ -63,28 +63,31 @@ SCHEDULES = ("constant", "linear", "cosine")
 
 
 def load_arrays(path: PathLike, what: str = "data") -> dict:
-    """Reads every array of an ``.npz`` file, or maps every ``.npy`` file of a directory.
+    """Reads every array of an ``.npz`` file, or opens every ``.npy`` file of a directory.
 
-    A directory holds one ``<input name>.npy`` per array (examples first); each is
-    memory-mapped read-only, so data larger than memory trains batch by batch.
+    A directory holds one ``<input name>.npy`` per array (examples first). Its
+    arrays are not loaded: each is a :class:`NpyRows` that reads the rows a
+    batch asks for from the file, so data larger than memory trains batch by
+    batch, and the process holds only the batch (the rows stay in the
+    operating system's file cache, not in the process).
 
     Args:
       path: the ``.npz`` file or the directory.
       what: how error messages name it (e.g. ``"--data"``).
 
     Returns:
-      Array name -> numpy array (``np.memmap`` for a directory's), in the
-      file's order (a directory's by name).
+      Array name -> numpy array (a :class:`NpyRows` for a directory's), in
+      the file's order (a directory's by name).
 
     Raises:
       InputError: the file is not a readable ``.npz`` archive (a ``.npy``
         array, a pickle, a truncated or foreign file); the directory has no
-        ``.npy`` file, or one that cannot be mapped (object arrays, a
-        truncated file).
+        ``.npy`` file, or one that cannot be read as an array (object
+        arrays, Fortran order, a truncated file).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
-        return _mapped_arrays(path, what)
+        return _row_readers(path, what)
     try:
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
@@ -97,7 +100,63 @@ def load_arrays(path: PathLike, what: str = "data") -> dict:
         raise InputError(f"{what} {path!r} is not a readable .npz archive: {exc}") from None
 
 
-def _mapped_arrays(path: str, what: str) -> dict:
+class NpyRows:
+    """A ``.npy`` file's rows, read on demand: ``rows[index]`` for an integer array or a slice.
+
+    Each row is read with one ``os.pread`` (a slice with one), so random
+    batches cost the rows they take and map nothing into the process (a
+    memory map would: the kernel maps the cached pages around every row it
+    faults in, and a shuffled run over a file soon holds all of it).
+    """
+
+    def __init__(self, path: str):
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                raise ValueError(f".npy format version {version[0]}.{version[1]} is not read here (1.0 and 2.0 are)")
+            shape, fortran, dtype = read_header(f)
+            offset = f.tell()
+        if dtype.hasobject or fortran or not shape:
+            raise ValueError("an array of rows must be C-ordered, not of objects, and at least 1-D")
+        self.path, self.shape, self.dtype, self._offset = path, tuple(shape), dtype, offset
+        self._row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        expected = offset + shape[0] * self._row_bytes
+        if os.path.getsize(path) < expected:
+            raise ValueError(f"the file has {os.path.getsize(path)} bytes, its header says {expected}")
+        self._fd = os.open(path, os.O_RDONLY)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index) -> np.ndarray:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.shape[0])
+            if step == 1:
+                data = os.pread(self._fd, max(stop - start, 0) * self._row_bytes,
+                                self._offset + start * self._row_bytes)
+                return np.frombuffer(data, self.dtype).reshape((-1,) + self.shape[1:]).copy()
+            index = np.arange(start, stop, step)
+        rows = np.asarray(index, np.int64).reshape(-1)
+        out = np.empty((len(rows),) + self.shape[1:], self.dtype)
+        flat = out.reshape(len(rows), -1).view(np.uint8)
+        for k, row in enumerate(rows):
+            flat[k] = np.frombuffer(os.pread(self._fd, self._row_bytes, self._offset + int(row) * self._row_bytes),
+                                    np.uint8)
+        return out
+
+    def __del__(self):
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
+
+
+def _row_readers(path: str, what: str) -> dict:
     names = sorted(f for f in os.listdir(path) if f.endswith(".npy"))
     if not names:
         raise InputError(f"{what} {path!r} is a directory with no .npy file; it needs one <input name>.npy "
@@ -106,9 +165,9 @@ def _mapped_arrays(path: str, what: str) -> dict:
     for name in names:
         file = os.path.join(path, name)
         try:
-            arrays[name[:-len(".npy")]] = np.load(file, mmap_mode="r", allow_pickle=False)
+            arrays[name[:-len(".npy")]] = NpyRows(file)
         except (OSError, ValueError, EOFError) as exc:
-            raise InputError(f"{what} {file!r} cannot be memory-mapped as a .npy array: {exc}") from None
+            raise InputError(f"{what} {file!r} cannot be read as a .npy array of rows: {exc}") from None
     return arrays
 
 
@@ -117,7 +176,7 @@ def _columns(arrays: Mapping, names: Sequence[str], path: PathLike, what: str) -
     if missing:
         raise InputError(f"{what} {os.fspath(path)!r} has no array for the model input(s) {missing}; "
                          f"the model takes {list(names)}, the file has {list(arrays)}")
-    columns = [np.asarray(arrays[n]) for n in names]
+    columns = [arrays[n] if isinstance(arrays[n], NpyRows) else np.asarray(arrays[n]) for n in names]
     lengths = {n: (c.shape[0] if c.ndim else None) for n, c in zip(names, columns)}
     if len(set(lengths.values())) != 1 or None in lengths.values():
         raise InputError(f"{what} {os.fspath(path)!r}: the arrays must have one length along their first "
@@ -235,7 +294,7 @@ def run_training(
     Args:
       artifacts: a directory with training_model.onnx, optimizer_model.onnx,
         checkpoint and optionally eval_model.onnx.
-      data: an ``.npz`` (or a directory of ``<name>.npy`` files, memory-mapped)
+      data: an ``.npz`` (or a directory of ``<name>.npy`` files, :class:`NpyRows`)
         with one array per training-model input (user inputs
         and labels), examples along the first axis.
       epochs: passes over ``data``.
@@ -456,8 +515,11 @@ def _train(run: _Run, columns: list, lr_at: Callable[[int], float], *, epochs: i
     started = time.perf_counter()
     with _Interrupt() as interrupt:
         while epoch < epochs and not (interrupted or stopped):
-            order = (np.random.default_rng([run.seed, epoch]).permutation(n_examples) if shuffle
-                     else np.arange(n_examples))
+            # int32 positions where they fit, shuffled in place: a large data set's order in a
+            # quarter of the memory of permutation(n), and the same order.
+            order = np.arange(n_examples, dtype=np.int32 if n_examples < 2 ** 31 else np.int64)
+            if shuffle:
+                np.random.default_rng([run.seed, epoch]).shuffle(order)
             while batch_index < per_epoch:
                 idx = order[batch_index * run.batch_size:(batch_index + 1) * run.batch_size]
                 lr = lr_at(run.step)

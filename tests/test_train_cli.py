@@ -84,7 +84,19 @@ def test_stopped_and_resumed_run_equals_an_uninterrupted_one(data, tmp_path):
     assert [r["step"] for r in evals] == [6, 12, 18]
 
 
-def test_sigkill_after_step_k_then_resume_gives_the_uninterrupted_parameters(data, tmp_path):
+def _as_npy_directory(path, folder):
+    """The arrays of an .npz as a directory of <name>.npy files."""
+    folder.mkdir()
+    with np.load(path) as arrays:
+        for name in arrays.files:
+            np.save(folder / f"{name}.npy", arrays[name])
+    return folder
+
+
+@pytest.mark.parametrize("source", ["npz", "npy directory"])
+def test_sigkill_after_step_k_then_resume_gives_the_uninterrupted_parameters(data, tmp_path, source):
+    if source == "npy directory":  # the killed and resumed runs read rows from .npy files
+        data = (_as_npy_directory(data[0], tmp_path / "data"), data[1])
     full, part = tmp_path / "full", tmp_path / "part"
     assert main(_train(data, full, "--epochs", "40")) == 0
     log = pathlib.Path(f"{part}.metrics.jsonl")
@@ -302,17 +314,21 @@ def test_version_and_help_on_every_subcommand(capsys):
         assert capsys.readouterr().out.startswith(f"usage: jaxort {command}")
 
 
-def test_a_directory_of_npy_files_trains_as_its_npz_does_memory_mapped(data, tmp_path):
-    # One <input name>.npy per model input, read through memory maps a batch at a time.
-    from jaxort.train_loop import load_arrays
+def test_a_directory_of_npy_files_trains_as_its_npz_does_reading_rows(data, tmp_path):
+    # One <input name>.npy per model input, its rows read a batch at a time.
+    from jaxort.train_loop import NpyRows, load_arrays
 
-    folder = tmp_path / "data"
-    folder.mkdir()
-    arrays = np.load(data[0])
-    for name in arrays.files:
-        np.save(folder / f"{name}.npy", arrays[name])
-    mapped = load_arrays(folder)
-    assert sorted(mapped) == ["input", "labels"] and all(isinstance(v, np.memmap) for v in mapped.values())
+    folder = _as_npy_directory(data[0], tmp_path / "data")
+    rows = load_arrays(folder)
+    assert sorted(rows) == ["input", "labels"] and all(isinstance(v, NpyRows) for v in rows.values())
+    with np.load(data[0]) as arrays:
+        for name, reader in rows.items():
+            whole = arrays[name]
+            assert reader.shape == whole.shape and reader.dtype == whole.dtype and len(reader) == len(whole)
+            np.testing.assert_array_equal(reader[np.array([5, 0, 47, 5])], whole[[5, 0, 47, 5]])
+            np.testing.assert_array_equal(reader[8:16], whole[8:16])
+            np.testing.assert_array_equal(reader[40:100], whole[40:])
+            np.testing.assert_array_equal(reader[1:9:3], whole[1:9:3])
     from_npz, from_dir = tmp_path / "a", tmp_path / "b"
     assert main(_train(data, from_npz)) == 0
     assert main(_train((folder, data[1]), from_dir)) == 0
@@ -337,4 +353,10 @@ def test_a_bad_directory_of_npy_files_is_one_line(data, tmp_path, capsys):
     assert main(base + ["--data", str(broken)]) == 1
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1
-    assert err.startswith(f"jaxort train: --data {str(broken / 'labels.npy')!r} cannot be memory-mapped")
+    assert err.startswith(f"jaxort train: --data {str(broken / 'labels.npy')!r} cannot be read as a .npy array")
+    short = tmp_path / "short"
+    short.mkdir()
+    np.save(short / "input.npy", np.zeros((48, 20), np.float32))
+    (short / "labels.npy").write_bytes((tmp_path / "short" / "input.npy").read_bytes()[:300])
+    assert main(base + ["--data", str(short)]) == 1
+    assert "the file has 300 bytes, its header says" in capsys.readouterr().err
