@@ -8,7 +8,6 @@ parameters and losses as a run that never stopped.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import signal
 import subprocess

@@ -34,7 +34,15 @@ The rules live in one module per op family (``arithmetic``, ``unary``,
 a ``RULES`` table (and ``MS_RULES`` for com.microsoft forms) that this
 package merges; an op type in two tables is an error at import.
 
-Part of the training layer: it uses onnx only.
+Before the rules run, a node with no rule whose op ONNX defines by a function
+body is replaced by that body (``expand``), and reverse, bidirectional and
+batch-first recurrences become forward ones (``rnn.split_directions``); an If
+gets an If of its branches' gradients (``control``). Shapes come from ONNX's
+shape inference, and from jaxort's tracer where it loses a rank
+(``traced_shapes``). Gradient nodes nothing reads are dropped.
+
+Part of the training layer: it uses onnx, and the graph layer (JAX) for the
+shapes inference loses.
 """
 
 from __future__ import annotations
@@ -54,9 +62,9 @@ from jaxort.training.artifacts.gradient._common import (_MS_DOMAIN, _captured, _
                                                        _without_dead_nodes)
 from jaxort.training.artifacts.gradient.activation import _fuse_quick_gelu
 from jaxort.training.artifacts.gradient.expand import expand_functions
-from jaxort.training.artifacts.gradient.traced_shapes import traced_shapes
 from jaxort.training.artifacts.gradient.norm import to_batch_norm_internal
 from jaxort.training.artifacts.gradient.rnn import _RNN_PLAIN, _RNN_STATES, split_directions
+from jaxort.training.artifacts.gradient.traced_shapes import traced_shapes
 from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX, LAZY_RESET_GRAD
 
 __all__ = ["MS_RULES", "RULES", "add_gradient_graph", "gradient_name", "to_batch_norm_internal"]
@@ -157,7 +165,9 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
     Mean and InvStdDev) gain it, and ``x * Sigmoid(x)`` becomes com.microsoft
     QuickGelu, as in ORT's training models. A node with no rule whose op ONNX
     defines by a function body (Attention) is replaced by that body
-    (:func:`~jaxort.training.artifacts.gradient.expand.expand_functions`).
+    (:func:`~jaxort.training.artifacts.gradient.expand.expand_functions`), and
+    a reverse, bidirectional or batch-first LSTM, GRU or RNN by forward ones
+    (:func:`~jaxort.training.artifacts.gradient.rnn.split_directions`).
 
     Raises:
       TrainingError: a node on the path from a trainable parameter to the

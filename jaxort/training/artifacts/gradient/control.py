@@ -23,7 +23,7 @@ from onnx import helper
 from jaxort.training.artifacts.gradient._common import _attrs, _captured, _error, _filled, _without_dead_nodes
 
 
-def _branch_copy(em, node: onnx.NodeProto, branch: onnx.GraphProto, outer: set) -> onnx.ModelProto:
+def _branch_copy(em, node: onnx.NodeProto, branch: onnx.GraphProto) -> onnx.ModelProto:
     """The branch as a model of its own: its values renamed apart from the forward's (one
     namespace for the whole model), the outer values it reads as inputs."""
     if any(_captured(inner) for inner in branch.node):
@@ -66,7 +66,7 @@ def if_gradient(em, node: onnx.NodeProto, dys: Sequence, outer: Sequence[str], d
     attrs = _attrs(node)
     branches = {}
     for key in ("then_branch", "else_branch"):
-        model = _branch_copy(em, node, attrs[key], set(outer))
+        model = _branch_copy(em, node, attrs[key])
         seeds = {out.name: dy for out, dy in zip(model.graph.output, dys) if dy is not None}
         child, total = backward(em, model, seeds, depends)
         results = []
