@@ -25,8 +25,10 @@ WITHOUT_RULE: dict = {
     "DequantizeLinear": "quantization: not on a float training path",
     "DynamicQuantizeLinear": "quantization: not on a float training path",
     "OptionalGetElement": "optional values: not on a tensor training path",
-    "Range": "its scalar inputs set the output's length; no rule written",
-    "Unique": "data-dependent output shape; no rule written",
+    "Range": "its inputs set the output's length, so they must be constants to trace (jaxort folds "
+             "them at trace time): no trainable parameter reaches them",
+    "Unique": "its output's shape depends on its input's values: jaxort traces it only on constants, "
+              "which no trainable parameter reaches",
     "MelWeightMatrix": "a constant of its integer inputs: no gradient",
 }
 
