@@ -185,7 +185,7 @@ def add_gradient_graph(model: onnx.ModelProto, loss: str, trainable: Sequence[st
     work.CopyFrom(model)
     _fuse_quick_gelu(work)
     expand_functions(work, trainable, RULES.__contains__, _shapes, opset)
-    split_directions(work, trainable)
+    split_directions(work, trainable, opset)
     em = _Emitter(work, _shapes(work), opset)
     forward = list(work.graph.node)
 

@@ -30,33 +30,20 @@ class _Emitter:
         self.shapes = shapes
         self.opset = opset
         self.nodes: list = []
-        self.count = 0
-        taken = {v for n in model.graph.node for v in n.output}
-        taken.update(i.name for i in model.graph.input)
-        taken.update(t.name for t in model.graph.initializer)
-        self._taken = taken
+        self.name = _fresh_names(model.graph, "jaxort_grad")  # hint -> a name the model does not use
         self._constants: Optional[dict] = None
 
     def child(self, model: onnx.ModelProto, shapes: dict) -> "_Emitter":
         """An emitter for a subgraph (``model`` wraps it): its own nodes, this one's names taken
         (one namespace for the whole model), its shapes and constants seen over this one's."""
         out = _Emitter.__new__(_Emitter)
-        out.model, out.opset, out.nodes, out.count = model, self.opset, [], self.count
+        out.model, out.opset, out.nodes, out.name = model, self.opset, [], self.name
         out.shapes = {**self.shapes, **shapes}
-        out._taken = self._taken
         self.static("")  # index this graph's constants
         out._constants = {**self._constants, **_constant_sources(model.graph)}
         out._producers = {**self._producers, **{o: n for n in model.graph.node for o in n.output if o}}
         out._folded = {}
         return out
-
-    def name(self, hint: str) -> str:
-        while True:
-            self.count += 1
-            name = f"jaxort_grad/{hint}_{self.count}"
-            if name not in self._taken:
-                self._taken.add(name)
-                return name
 
     def op(self, op_type: str, inputs: Sequence[str], n_out: int = 1, domain: str = "", **attrs):
         if op_type == "Transpose" and list(attrs.get("perm", [0, 1])) == list(range(len(attrs.get("perm", [])))):

@@ -12,8 +12,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from jaxort.graph import normalize_domain
-from jaxort.training.artifacts.gradient._common import (_MS_DOMAIN, _attrs, _Emitter, _error, _filled, _fresh_names,
-                                                       _text)
+from jaxort.training.artifacts.gradient._common import _MS_DOMAIN, _Emitter, _attrs, _error, _filled, _text
 
 # LSTM and GRU: ORT's training forms and gradient ops. An unrolled backward pass in
 # standard ops would be a node group per time step, fixed to one sequence length; ORT's
@@ -195,7 +194,7 @@ _STATES_IN = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}
 _INT64_MIN = -(2 ** 63)
 
 
-def split_directions(model: onnx.ModelProto, trainable) -> None:
+def split_directions(model: onnx.ModelProto, trainable, opset: int) -> None:
     """Rewrites, in place, each reverse, bidirectional or batch-first (layout=1) LSTM, GRU and
     RNN that a trainable parameter reaches as forward, layout 0 ones, the form the rules (and
     ORT's gradient kernels) take: batch-first inputs and outputs transposed; per direction,
@@ -204,7 +203,7 @@ def split_directions(model: onnx.ModelProto, trainable) -> None:
     concatenated as the node's. The same values; nodes with sequence_lens (whose reversal is
     per sequence) are left to their rule's error."""
     graph = model.graph
-    fresh = _fresh_names(graph, "jaxort_grad")
+    em = _Emitter(model, {}, opset)  # names and nodes only: these rewrites need no shapes
     depends = set(trainable)
     nodes: list = []
     for node in graph.node:
@@ -218,53 +217,38 @@ def split_directions(model: onnx.ModelProto, trainable) -> None:
                 or (len(node.input) > 4 and node.input[4])):
             nodes.append(node)
             continue
-        nodes.extend(_one_direction_each(node, attrs, direction, fresh))
+        _one_direction_each(em, node, attrs, direction)
+        nodes.extend(em.nodes)
+        em.nodes = []
     del graph.node[:]
     graph.node.extend(nodes)
 
 
-def _one_direction_each(node, attrs: dict, direction: str, fresh: Callable) -> list:
-    """The nodes that run ``node`` one forward, layout 0 direction at a time (see :func:`split_directions`)."""
+def _one_direction_each(em: _Emitter, node, attrs: dict, direction: str) -> None:
+    """Emits the nodes that run ``node`` one forward, layout 0 direction at a time (see
+    :func:`split_directions`). In layout 0: X [seq, batch, in], Y [seq, dirs, batch, h], the
+    states [dirs, batch, h]."""
     layout = int(attrs.get("layout", 0))
-    # In layout 0, after the batch-first transposes: X [seq, batch, in], Y [seq, dirs, batch, h],
-    # states [dirs, batch, h].
-    time_x = time_y = dir_state = 0
-    dir_y = 1
-    out: list = []
 
-    def const(values) -> str:
-        name = fresh("Constant")
-        out.append(helper.make_node("Constant", [], [name], name=fresh("Constant_node"),
-                                    value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)))
-        return name
-
-    def op(op_type, inputs, **kw) -> str:
-        name = fresh(op_type)
-        out.append(helper.make_node(op_type, list(inputs), [name], name=fresh(f"{op_type}_node"), **kw))
-        return name
-
-    def reversed_in_time(value: str, axis: int) -> str:
-        return op("Slice", [value, const([-1]), const([_INT64_MIN]), const([axis]), const([-1])])
+    def reversed_in_time(value: str) -> str:  # along axis 0, X's and Y's time axis
+        return em.op("Slice", [value, em.ints([-1]), em.ints([_INT64_MIN]), em.ints([0]), em.ints([-1])])
 
     first = list(node.input)
     if layout:  # batch first: [batch, seq, in] -> [seq, batch, in], [batch, dirs, h] -> [dirs, batch, h]
         for i in (0, *_STATES_IN[node.op_type]):
             if i < len(first) and first[i]:
-                first[i] = op("Transpose", [first[i]], perm=[1, 0, 2])
+                first[i] = em.op("Transpose", [first[i]], perm=[1, 0, 2])
     directions = ["forward", "reverse"] if direction == "bidirectional" else [direction]
     n_act = len(attrs.get("activations", [])) // len(directions)
     per_direction_outputs = []
     for k, way in enumerate(directions):
         inputs = list(first)
-        if len(directions) > 1:
-            for i in _PER_DIRECTION[node.op_type]:
+        if len(directions) > 1:  # its slice along the directions axis (0 for weights and states)
+            for i in _PER_DIRECTION[node.op_type] + _STATES_IN[node.op_type]:
                 if i < len(inputs) and inputs[i]:
-                    inputs[i] = op("Slice", [inputs[i], const([k]), const([k + 1]), const([0])])
-            for i in _STATES_IN[node.op_type]:
-                if i < len(inputs) and inputs[i]:
-                    inputs[i] = op("Slice", [inputs[i], const([k]), const([k + 1]), const([dir_state])])
+                    inputs[i] = em.op("Slice", [inputs[i], em.ints([k]), em.ints([k + 1]), em.ints([0])])
         if way == "reverse":
-            inputs[0] = reversed_in_time(inputs[0], time_x)
+            inputs[0] = reversed_in_time(inputs[0])
         kept = []
         for a in node.attribute:
             if a.name in ("direction", "layout"):
@@ -274,24 +258,20 @@ def _one_direction_each(node, attrs: dict, direction: str, fresh: Callable) -> l
                 kept.append(helper.make_attribute(a.name, values))
             else:
                 kept.append(a)
-        outputs = [fresh(f"{node.op_type}_{way}") if o else "" for o in node.output]
-        one = helper.make_node(node.op_type, inputs, outputs, name=fresh(f"{node.name or node.op_type}_{way}"))
+        outputs = [em.name(f"{node.op_type}_{way}") if o else "" for o in node.output]
+        one = helper.make_node(node.op_type, inputs, outputs, name=em.name(f"{node.name or node.op_type}_{way}"))
         one.attribute.extend(kept)
-        out.append(one)
+        em.nodes.append(one)
         if way == "reverse" and outputs[0]:
-            outputs[0] = reversed_in_time(outputs[0], time_y)
+            outputs[0] = reversed_in_time(outputs[0])
         per_direction_outputs.append(outputs)
     for j, name in enumerate(node.output):
         if name:
             parts = [outputs[j] for outputs in per_direction_outputs]
-            joined = fresh("directions") if layout else name
-            axis = dir_y if j == 0 else dir_state
-            out.append(helper.make_node("Concat" if len(parts) > 1 else "Identity", parts, [joined],
-                                        name=fresh("direction_join"), **({"axis": axis} if len(parts) > 1 else {})))
+            joined = em.op("Concat", parts, axis=1 if j == 0 else 0) if len(parts) > 1 else parts[0]
             if layout:  # back to batch first: Y [batch, seq, dirs, h], states [batch, dirs, h]
-                out.append(helper.make_node("Transpose", [joined], [name], name=fresh("batch_first"),
-                                            perm=[2, 0, 1, 3] if j == 0 else [1, 0, 2]))
-    return out
+                joined = em.op("Transpose", [joined], perm=[2, 0, 1, 3] if j == 0 else [1, 0, 2])
+            em.nodes.append(helper.make_node("Identity", [joined], [name], name=em.name("direction_join")))
 
 
 RULES: dict = {"LSTM": _recurrent("LSTM"), "GRU": _recurrent("GRU"), "RNN": _rnn}
