@@ -124,16 +124,10 @@ def test_gradients_equal_what_ort_computed_on_its_own_artifacts(case, tmp_path):
 # --------------------------------------------------------------------------- rule by rule
 
 
-def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, atol=1e-5, seed=0,
-           runners=("jaxort", "onnxruntime"), ms_opset=False):
-    """Gradients of sum(y * r) (y the last node's output) w.r.t. ``params``: ORT on the
-    emitted graph vs ``jax.grad`` of ``reference(params, data)``; ``runners`` limits which
-    of jaxort's executor and onnxruntime run it (where onnxruntime refuses a valid forward); ``ms_opset``
-    declares com.microsoft (a forward node of ORT's training forms)."""
+def _with_gradient_graph(nodes, data: dict, params: dict, r: np.ndarray, opset: int, ms_opset=False):
+    """The training model of loss = sum(y * r) (y the last node's output) with ``params``
+    trainable, its gradient graph added; every gradient node is read."""
     y = nodes[-1].output[0]
-    rng = np.random.default_rng(seed)
-    ref_y = np.asarray(reference({k: jnp.asarray(v) for k, v in params.items()}, data))
-    r = rng.normal(size=ref_y.shape).astype(np.float32)
     graph = helper.make_graph(
         list(nodes) + [helper.make_node("Mul", [y, "r"], ["yr"]), helper.make_node("ReduceSum", ["yr"], ["loss"],
                                                                                  keepdims=0)],
@@ -144,11 +138,24 @@ def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, a
            for p, v in params.items()]
         + [helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1])],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
-        [numpy_helper.from_array(r, "r")])
+        [numpy_helper.from_array(r.astype(np.float32), "r")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]
                               + ([helper.make_opsetid("com.microsoft", 1)] if ms_opset else []))
     add_gradient_graph(model, "loss", list(params))
     _assert_every_value_is_read(model)
+    return model
+
+
+def _check(nodes, data: dict, params: dict, reference, *, opset=17, rtol=1e-4, atol=1e-5, seed=0,
+           runners=("jaxort", "onnxruntime"), ms_opset=False):
+    """Gradients of sum(y * r) (y the last node's output) w.r.t. ``params``: ORT on the
+    emitted graph vs ``jax.grad`` of ``reference(params, data)``; ``runners`` limits which
+    of jaxort's executor and onnxruntime run it (where onnxruntime refuses a valid forward); ``ms_opset``
+    declares com.microsoft (a forward node of ORT's training forms)."""
+    rng = np.random.default_rng(seed)
+    ref_y = np.asarray(reference({k: jnp.asarray(v) for k, v in params.items()}, data))
+    r = rng.normal(size=ref_y.shape).astype(np.float32)
+    model = _with_gradient_graph(nodes, data, params, r, opset, ms_opset)
 
     def objective(p):
         return jnp.sum(reference(p, data) * r)
@@ -2140,13 +2147,13 @@ def _finite_difference_check(node, params: dict, opset: int, *, data=None, eps=1
     def wide(v):
         return v.astype(np.float64) if v.dtype == np.float32 else v
 
-    def infos(values, float_type):
+    def infos(values):  # float32 inputs fed as float64
         return [helper.make_tensor_value_info(
-            k, float_type if v.dtype == np.float32 else helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+            k, TensorProto.DOUBLE if v.dtype == np.float32 else helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
             for k, v in values.items()]
 
     run = ReferenceEvaluator(helper.make_model(
-        helper.make_graph([reference or node], "r", infos({**params, **data}, TensorProto.DOUBLE),
+        helper.make_graph([reference or node], "r", infos({**params, **data}),
                           [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)]),
         opset_imports=[helper.make_opsetid("", opset)]))
     at = {k: wide(v) for k, v in {**params, **data}.items()}
@@ -2166,17 +2173,7 @@ def _finite_difference_check(node, params: dict, opset: int, *, data=None, eps=1
             down = objective({**at, name: value - step.reshape(value.shape)})
             grad.reshape(-1)[k] = (up - down) / (2 * eps)
         want[name] = grad
-    graph = helper.make_graph(
-        [node, N("Mul", ["y", "r"], ["yr"]), N("ReduceSum", ["yr"], ["loss"], keepdims=0)], "g",
-        infos({**data, **params}, TensorProto.FLOAT)
-        + [helper.make_tensor_value_info(f"{p}_grad.accumulation.buffer", TensorProto.FLOAT, v.shape)
-           for p, v in params.items()]
-        + [helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1])],
-        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
-        [numpy_helper.from_array(r.astype(np.float32), "r")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    add_gradient_graph(model, "loss", list(params))
-    _assert_every_value_is_read(model)
+    model = _with_gradient_graph([node], data, params, r, opset)
     for runner, run_graph in _gradient_runs(model, list(params)).items():
         for name, g in zip(params, run_graph({**data, **params})):
             np.testing.assert_allclose(g, want[name], rtol=rtol, atol=atol, err_msg=f"{name} ({runner})")
