@@ -149,36 +149,44 @@ class CachedStep:
     def __call__(self, *args):
         run = self._run
         if run is None:
-            run = self._run = self._first(args)
+            run = self._run = self._first()
         return run(*args)
 
-    def _first(self, args: tuple) -> Callable:
+    def _first(self) -> Callable:
         folder = step_cache_dir()
         if folder is None or self._platform != jax.default_backend():
             return self._jitted
+
+        def run(*args):
+            # Traced by jax.jit once per argument signature (a new batch shape
+            # traces again), so each signature has an entry of its own.
+            exported, out_tree = self._program(folder, args)
+            if exported is None:
+                return self._fn(*args)
+            return jax.tree.unflatten(out_tree, exported.call(*jax.tree.leaves(args)))
+        return jax.jit(run, **self._donate)
+
+    def _program(self, folder: pathlib.Path, args: tuple):
+        """The exported step for the signature of ``args`` (abstract values) and its result
+        structure, read from the cache or exported and written there; ``(None, None)`` when
+        the step cannot be exported."""
         config = tuple((name, str(getattr(jax.config, name, None))) for name in _TRACING_CONFIG)
         key = hashlib.sha256(repr((self._fingerprint, self._static, self._platform, config,
                                    _signature(args))).encode()).hexdigest()
         path = folder / f"{key}{_SUFFIX}"
-        leaves = jax.tree.leaves(args)
+        leaves = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+                  for a in map(_aval, jax.tree.leaves(args))]
         exported = self._read(path, leaves)
         if exported is not None:
             self._on_load()
-            out_tree = self._out_tree(args, len(exported.out_avals))
-        else:
-            exported, out_tree = self._export(args, leaves)
-            if exported is None:
-                return self._jitted
-            if out_tree == self._out_tree(args, len(exported.out_avals)):
-                _write(path, exported.serialize())
-        call = exported.call
-
-        def run(*a):
-            return jax.tree.unflatten(out_tree, call(*jax.tree.leaves(a)))
-        return jax.jit(run, **self._donate)
+            return exported, self._out_tree(args, len(exported.out_avals))
+        exported, out_tree = self._export(args, leaves)
+        if exported is not None and out_tree == self._out_tree(args, len(exported.out_avals)):
+            _write(path, exported.serialize())
+        return exported, out_tree
 
     def _read(self, path: pathlib.Path, leaves: list):
-        """The entry at ``path`` when it exists and takes ``leaves``; else None."""
+        """The entry at ``path`` when it exists and takes ``leaves`` (abstract values); else None."""
         try:
             data = path.read_bytes()
         except OSError:
@@ -188,7 +196,7 @@ class CachedStep:
         except Exception:  # a damaged or foreign file: written again after tracing
             return None
         takes = [(tuple(a.shape), a.dtype) for a in exported.in_avals]
-        if takes != [(tuple(a.shape), a.dtype) for a in map(_aval, leaves)]:
+        if takes != [(tuple(a.shape), a.dtype) for a in leaves]:
             return None
         return exported
 

@@ -170,7 +170,8 @@ def test_turning_jaxort_s_cache_off_leaves_a_directory_given_to_jax(tmp_path):
     assert out == {"before": mine, "after": mine, "jax_dir": mine}
 
 
-# Two train steps around an optimizer step, then eval, through jaxort.api on
+# Two train steps around an optimizer step, two more accumulating (the second
+# on a smaller batch), then eval, through jaxort.api on
 # a golden case's artifacts (its optimizer model replaced by argv[2] when
 # given); prints the losses, how many steps were traced and how many read
 # from the step cache, and the entries of the step cache.
@@ -190,6 +191,8 @@ losses = [float(module(batches["train::input"][0], batches["train::labels"][0]))
 optimizer.step()
 module.lazy_reset_grad()
 losses.append(float(module(batches["train::input"][1], batches["train::labels"][1])))
+for rows in (None, 3):  # the same step on a smaller batch, as an epoch's last one
+    losses.append(float(module(batches["train::input"][2][:rows], batches["train::labels"][2][:rows])))
 module.eval()
 losses.append(float(module(batches["eval::input"], batches["eval::labels"])))
 program = module._state.session_state.program
@@ -201,7 +204,7 @@ print(json.dumps({"losses": losses, "traces": program.trace_count(), "loads": pr
 
 
 def _golden_train_losses(case: str) -> list:
-    """ORT's losses of the first two train calls (the calls of _STEPS before eval)."""
+    """ORT's losses of the first two train calls of _STEPS."""
     calls = json.loads((GOLDEN.parent / case / "trajectory.json").read_text())["calls"]
     return [c["result"]["loss"] for c in calls if c["call"] == "module.__call__" and c["mode"] == "train"][:2]
 
