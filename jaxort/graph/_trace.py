@@ -286,8 +286,7 @@ def _dispatch(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tuple
     try:
         if fold:
             with jax.ensure_compile_time_eval(), x64_enabled_scope():
-                result = h.fn(*args, **kwargs)
-                result = _to_static(result)
+                result = _to_static(_fold(h.fn, args, kwargs))
         else:
             result = h.fn(*args, **kwargs)
     except JaxortError:
@@ -306,6 +305,24 @@ def _dispatch(node: _Node, args: list, env: Mapping, runtime: _Runtime) -> tuple
             f"returned {len(result)}"
         )
     return tuple(result)
+
+
+def _fold(fn: Callable, args: list, kwargs: dict):
+    """``fn(*args, **kwargs)`` on static values, in 64-bit mode at trace time.
+
+    JAX 0.10 can hand a numpy int64 argument of an eager call in 64-bit mode
+    to the program compiled for it as a 32-bit buffer, once the same value
+    was captured by a trace in 32-bit mode ("RuntimeProgramInputMismatch ...
+    expected s64[] but got s32[]"); the arguments made JAX arrays in 64-bit
+    mode first are passed as they are.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except jax.errors.JaxRuntimeError as e:
+        if "RuntimeProgramInputMismatch" not in str(e):
+            raise
+    args = [jnp.asarray(a) if isinstance(a, np.ndarray) and a.dtype != object else a for a in args]
+    return fn(*args, **kwargs)
 
 
 def _run_program(prog: _Program, env, runtime: _Runtime) -> None:

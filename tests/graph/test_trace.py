@@ -480,6 +480,27 @@ def test_folded_double_constants_and_int64_inputs_run_without_x64():
     np.testing.assert_array_equal(np.asarray(y), x[i] + np.float32([2.25, 4.0]))
 
 
+def test_int64_constants_fold_eagerly_after_a_compiled_call_captured_them():
+    # Eager apply folds Equal(ids, two) in 64-bit mode; jit_apply then captures `two` in a
+    # 32-bit trace; a gradient outside jit folds the same Equal again, where JAX 0.10 handed
+    # `two` to the 64-bit program as a 32-bit buffer (RuntimeProgramInputMismatch).
+    nodes = [helper.make_node("Equal", ["ids", "two"], ["m"]), helper.make_node("Cast", ["m"], ["mf"], to=T.FLOAT),
+             helper.make_node("Mul", ["mf", "x"], ["p"]), helper.make_node("MatMul", ["p", "W"], ["h"]),
+             helper.make_node("ReduceSum", ["h"], ["y"], keepdims=0)]
+    w = np.arange(15, dtype=np.float32).reshape(5, 3)
+    model = _model(nodes, [helper.make_tensor_value_info("ids", T.INT64, ["b"]),
+                           helper.make_tensor_value_info("x", T.FLOAT, ["b"])],
+                   [helper.make_tensor_value_info("y", T.FLOAT, [])],
+                   [helper.make_tensor("two", T.INT64, [], [2]), numpy_helper.from_array(w, "W")])
+    g = JaxGraph(model)
+    ids, x = np.array([2, 1, 2, 0, 2]), np.ones(5, np.float32)
+    want = float(((ids == 2) @ w).sum())
+    assert float(g.apply(g.params, ids, x)[0]) == want
+    assert float(g.jit_apply(g.params, ids, x)[0]) == want
+    grad = jax.grad(lambda p: g.apply(p, ids, x)[0])(g.params)["W"]
+    np.testing.assert_array_equal(grad, np.repeat((ids == 2).astype(np.float32)[:, None], 3, axis=1))
+
+
 # --------------------------------------------------------------------------- random keys
 
 
