@@ -44,6 +44,7 @@ __all__ = [
 # How a prepared model runs tensor inputs. Decided once, on the first run:
 # deciding takes a trace, and the baked mode needs the integer inputs' values.
 _JIT = "jit"  # every input traced: one compilation per input shapes and dtypes
+_HOSTED = "hosted"  # NonZero-like ops run first (JaxGraph.host_values): one compilation per their shapes
 _BAKED = "baked"  # integer and bool inputs baked in: one compilation per their values
 _EAGER = "eager"  # evaluated at trace time, without a compiled form
 
@@ -81,7 +82,7 @@ class JaxBackendRep(BackendRep):
       graph: the traced model.
       device: the JAX device it runs on.
       mode: how tensor inputs are run, decided on the first run: ``"jit"``,
-        ``"baked"`` or ``"eager"`` (None before the first run).
+        ``"hosted"``, ``"baked"`` or ``"eager"`` (None before the first run).
     """
 
     def __init__(self, graph: JaxGraph, device: str = "CPU"):
@@ -139,13 +140,22 @@ class JaxBackendRep(BackendRep):
         Some graphs need a graph input at trace time: ONNX's node cases feed a
         Reshape target, Slice bounds or a TopK k as inputs, and only a
         constant can fix an output shape. Others have output shapes set by
-        float data (NonZero of a float tensor, Unique), which no compiled form
-        has. Which one a graph is shows when it is traced, so the first run
-        traces it abstractly (``jit(...).trace``, whose trace the compiled call
+        values: NonZero and NonMaxSuppression run first on the host
+        (``JaxGraph.host_values``) and the graph compiles once per their
+        output shapes; Unique of a float tensor has no compiled form. Which
+        one a graph is shows when it is traced, so the first run traces it
+        abstractly (``jit(...).trace``, whose trace the compiled call
         then reuses) in each mode in turn and keeps the first that traces.
         """
         if _traces(self._jitted, self.graph.params, *inputs, rng=rng):
             return _JIT
+        if self.graph.host.nodes:
+            try:
+                host = self.graph.host_values(self.graph.params, *inputs)
+            except StaticValueError:  # the host ops read an input only a constant can fix
+                host = None
+            if host is not None and _traces(self._jitted, self.graph.params, *inputs, rng=rng, host=host):
+                return _HOSTED
         fn, dynamic = self._baked_fn(inputs)
         if _traces(fn, self.graph.params, *dynamic, rng=rng):
             return _BAKED
@@ -154,6 +164,9 @@ class JaxBackendRep(BackendRep):
     def _run_tensors(self, inputs: list, rng) -> tuple:
         if self.mode == _JIT:
             return self._jitted(self.graph.params, *inputs, rng=rng)
+        if self.mode == _HOSTED:
+            host = self.graph.host_values(self.graph.params, *inputs)
+            return self._jitted(self.graph.params, *inputs, rng=rng, host=host)
         if self.mode == _BAKED:
             fn, dynamic = self._baked_fn(inputs)
             return fn(self.graph.params, *dynamic, rng=rng)

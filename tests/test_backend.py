@@ -49,13 +49,28 @@ def test_static_integer_inputs_are_baked():
     assert len(rep._baked) == 2
 
 
-def test_data_dependent_shapes_run_uncompiled():
+def test_nonzero_runs_on_the_host_and_compiles_once_per_count():
+    # NonZero's output shape depends on x's values: it runs first (JaxGraph.host_values), and the
+    # graph compiles once per its output shape, not per call.
     model = _model(helper.make_node("NonZero", ["x"], ["y"]),
                    [_info("x", TensorProto.FLOAT, [2, 3])], [_info("y", TensorProto.INT64, [2, "n"])])
     rep = backend.prepare(model)
-    for x in (np.array([[0, 1, 0], [2, 0, 3]], np.float32), np.eye(2, 3, dtype=np.float32)):
+    xs = [np.array([[0, 1, 0], [2, 0, 3]], np.float32), np.eye(2, 3, dtype=np.float32),
+          np.array([[4, 0, 5], [0, 6, 0]], np.float32), np.zeros((2, 3), np.float32)]
+    for x in xs:
         (y,) = rep.run([x])
         np.testing.assert_array_equal(y, np.array(np.nonzero(x), np.int64))
+    assert rep.mode == "hosted"
+    assert rep._jitted._cache_size() == 3  # counts 3, 2, 3 again, 0
+
+
+def test_unique_of_floats_runs_uncompiled():
+    model = _model(helper.make_node("Unique", ["x"], ["y"]),
+                   [_info("x", TensorProto.FLOAT, [4])], [_info("y", TensorProto.FLOAT, ["n"])])
+    rep = backend.prepare(model)
+    for x in (np.array([1, 2, 1, 3], np.float32), np.array([5, 5, 5, 5], np.float32)):
+        (y,) = rep.run([x])
+        np.testing.assert_array_equal(y, np.unique(x))
     assert rep.mode == "eager"
 
 

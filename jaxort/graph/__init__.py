@@ -16,6 +16,7 @@ This layer knows nothing of training or sessions.
 """
 
 from jaxort.graph._device import resolve_device
+from jaxort.graph._host import HOST_OPS, HostPlan
 from jaxort.graph._inputs import check_input
 from jaxort.graph._model import (
     default_opset,
@@ -39,6 +40,8 @@ from jaxort.graph._trace import (
 from jaxort.graph._values import NodeKey, OpContext, is_static, static, static_ints
 
 __all__ = [
+    "HOST_OPS",
+    "HostPlan",
     "JaxGraph",
     "NodeKey",
     "OpContext",

@@ -210,6 +210,15 @@ def _free_names(nodes, bound: set) -> frozenset:
     return frozenset(free)
 
 
+def _reads(node) -> set:
+    """The names a node reads: its inputs and what its subgraphs read from outside them."""
+    names = {n for n in node.inputs if n}
+    for sub in node.subgraphs.values():
+        for program in (sub if isinstance(sub, (list, tuple)) else [sub]):
+            names |= set(program.free_names)
+    return names
+
+
 @functools.lru_cache(maxsize=None)
 def _get_schema(op_type: str, opset: int, domain: str):
     try:

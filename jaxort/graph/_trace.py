@@ -34,7 +34,8 @@ import onnx
 from onnx import helper
 
 from jaxort.dtypes import to_numpy_dtype
-from jaxort.errors import InputError, JaxortError, ModelError, OpError
+from jaxort.errors import InputError, JaxortError, ModelError, OpError, StaticValueError
+from jaxort.graph._host import host_plan
 from jaxort.graph._host_memory import settle_allocator
 from jaxort.graph.compilation_cache import use_compilation_cache
 from jaxort.graph._inputs import _canonical, check_input
@@ -42,6 +43,7 @@ from jaxort.graph._model import ModelSource, load_model
 from jaxort.graph._prepare import (
     _free_names,
     _Node,
+    _reads,
     _prepare_nodes,
     _Preparer,
     _Program,
@@ -349,15 +351,6 @@ def _run_nodes(nodes: Sequence, env, runtime: _Runtime) -> None:
                 env[name] = value
 
 
-def _reads(node) -> set:
-    """The names a node reads: its inputs and what its subgraphs read from outside them."""
-    names = {n for n in node.inputs if n}
-    for sub in node.subgraphs.values():
-        for program in (sub if isinstance(sub, (list, tuple)) else [sub]):
-            names |= set(program.free_names)
-    return names
-
-
 def _run_program_remat(prog: _Program, env, runtime: _Runtime, policy: Callable) -> None:
     """:func:`_run_program` in about sqrt(n) segments of consecutive nodes, each under
     ``jax.checkpoint(policy=policy)``: the backward pass keeps the values that cross segment
@@ -468,6 +461,9 @@ class JaxGraph:
       inputs: ``TensorInfo`` of each positional input.
       outputs: ``TensorInfo`` of each output.
       fusions: one ``(pattern name, node names)`` pair per fused group.
+      host: the :class:`~jaxort.graph.HostPlan` of ops whose output shape
+        depends on run-time values (NonZero, NonMaxSuppression): under
+        ``jit`` their outputs come from :meth:`host_values`.
 
     Raises:
       ModelError: an invalid model: :func:`jaxort.graph.check_graph_structure`
@@ -571,6 +567,10 @@ class JaxGraph:
             value_infos.get(o) or TensorInfo(o, None, None) for o in outputs)
         self._program = _Program(nodes, tuple(inputs), tuple(outputs), self.constants,
                                  frozenset())
+        self.host = host_plan(nodes, tuple(inputs) + self._param_names, self._param_names)
+        hosted = [n for n in nodes if not any(n is h for h in self.host.nodes)]
+        self._hosted = _Program(hosted, tuple(inputs), tuple(outputs), self.constants, frozenset())
+        self._host_jit = None
         self._functions = functions
         self._jit = None
 
@@ -636,8 +636,84 @@ class JaxGraph:
             if init.dtype in _WIDE_FLOATS:
                 raise InputError(_x64_message("param (initializer)", name, init.dtype))
 
+    def host_values(self, params: Mapping, *inputs, training: bool = False) -> dict:
+        """The outputs of the host ops (``self.host``) for these values, computed eagerly.
+
+        Runs the nodes the host ops need (``self.host.prefix``) as one
+        compiled program (op by op where a host op reads another's outputs),
+        then the host ops on its concrete results, outside any ``jit``. Pass the result as ``host=``
+        to :meth:`apply` inside ``jit``: the compiled program then takes the
+        host ops' outputs as inputs, and compiles once per their shapes.
+
+        Args:
+          params: name -> array; only the parameters the prefix reads
+            (``self.host.params``) are used.
+          *inputs: the positional inputs, as for :meth:`apply`.
+          training: evaluate training-mode behaviour.
+
+        Returns:
+          ``{name: numpy array}`` for every name in ``self.host.names`` (empty
+          when the graph has no host op).
+
+        Raises:
+          InputError: bad inputs, or a parameter the prefix reads is missing.
+          StaticValueError: a value the prefix reads is traced (called inside ``jit``).
+
+        Example:
+          >>> host = graph.host_values(graph.params, ids)                       # doctest: +SKIP
+          >>> (y,) = jax.jit(graph.apply)(graph.params, ids, host=host)         # doctest: +SKIP
+        """
+        if not self.host.nodes:
+            return {}
+        self._check_inputs(inputs)
+        missing = sorted(p for p in self.host.params if p not in params)
+        if missing:
+            raise InputError(f"params is missing {missing}, which the host ops' prefix reads")
+        used = {p: params[p] for p in self.host.params}
+        if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((used, inputs))):
+            raise StaticValueError(f"host ops {[n.describe for n in self.host.nodes]} read traced values: "
+                                   "their outputs need concrete inputs, call host_values outside jit")
+        env = dict(self.constants)
+        runtime = _Runtime(training, None, {}, self.opsets, self._functions, _x64_enabled())
+        if self.host.nested:
+            # A host op reads another's outputs: the prefix runs op by op.
+            env.update(used)
+            env.update(zip(self._program.input_names, inputs))
+            nodes = self.host.prefix
+        else:
+            # The values the host ops read, from one compiled program per input shapes.
+            if self._host_jit is None:
+                self._host_jit = jax.jit(self._host_feeds, static_argnames="training")
+            feeds = self._host_jit(used, *inputs, training=training)
+            env.update(zip(self.host.feeds, (np.asarray(v) for v in feeds)))
+            nodes = self.host.nodes
+        try:
+            _run_nodes(nodes, env, runtime)
+        except StaticValueError as e:
+            e.args = (f"{e.args[0] if e.args else ''} (computing the outputs of host ops "
+                      f"{[n.describe for n in self.host.nodes]} before the compiled call needs "
+                      "concrete values: call host_values outside jit)",) + tuple(e.args[1:])
+            raise
+        return {n: np.asarray(env[n]) for n in self.host.names}
+
+    def _host_feeds(self, params: Mapping, *inputs, training: bool) -> tuple:
+        """The values the host ops read (``self.host.feeds``), by the prefix without them."""
+        env = dict(self.constants)
+        env.update(params)
+        env.update(zip(self._program.input_names, inputs))
+        runtime = _Runtime(training, None, {}, self.opsets, self._functions, _x64_enabled())
+        hosts = {id(n) for n in self.host.nodes}
+        _run_nodes([n for n in self.host.prefix if id(n) not in hosts], env, runtime)
+        return tuple(env[n] for n in self.host.feeds)
+
+    def _check_host(self, host) -> None:
+        if not isinstance(host, Mapping) or set(host) != set(self.host.names):
+            given = sorted(host) if isinstance(host, Mapping) else type(host).__name__
+            raise InputError(f"host must map the host ops' outputs {list(self.host.names)} "
+                             f"(from host_values) to arrays, got {given}")
+
     def apply_with_updates(self, params: Mapping, *inputs, rng=None, training: bool = False,
-                           remat: Callable | None = None):
+                           remat: Callable | None = None, host: Mapping | None = None):
         """Like :meth:`apply`, and also returns state updates made by training-mode ops.
 
         ``rng`` may also be a :class:`~jaxort.graph.NodeKey`, whose
@@ -649,30 +725,41 @@ class JaxGraph:
         and what the policy saves, and computes the rest again (the same
         values, less memory). None: no rematerialisation.
 
+        ``host``: the host ops' outputs (:meth:`host_values`), which the
+        call then takes instead of computing them; None computes them, which
+        needs their inputs concrete (outside ``jit``).
+
         Returns:
           ``(outputs, updates)``: the output tuple, and a dict param name -> new
           value (running statistics of BatchNormalization in training mode).
         """
         self._check_inputs(inputs)
         self._check_params(params)
+        program = self._program
+        if host is not None:
+            self._check_host(host)
+            program = self._hosted
         x64 = _x64_enabled()
         if not x64:
             self._require_x64()
         env = dict(self.constants)
         env.update(params)
         env.update(zip(self._program.input_names, inputs))
+        if host is not None:
+            env.update(host)
         updates = {}
         if rng is not None and not isinstance(rng, NodeKey):
             rng = NodeKey(rng)
         runtime = _Runtime(training, rng, updates, self.opsets, self._functions, x64)
         if remat is None:
-            _run_program(self._program, env, runtime)
+            _run_program(program, env, runtime)
         else:
-            _run_program_remat(self._program, env, runtime, remat)
-        outs = tuple(_as_output(n, env[n], x64) for n in self._program.output_names)
+            _run_program_remat(program, env, runtime, remat)
+        outs = tuple(_as_output(n, env[n], x64) for n in program.output_names)
         return outs, updates
 
-    def apply(self, params: Mapping, *inputs, rng=None, training: bool = False) -> tuple:
+    def apply(self, params: Mapping, *inputs, rng=None, training: bool = False,
+              host: Mapping | None = None) -> tuple:
         """Evaluates the graph; a pure function of ``params`` and ``inputs``.
 
         Args:
@@ -682,6 +769,9 @@ class JaxGraph:
           rng: a PRNG key, needed when random ops are active (Dropout in
             training mode).
           training: evaluate training-mode behaviour (see ``OpContext``).
+          host: under ``jit``, the outputs of the ops whose output shape
+            depends on run-time values, from :meth:`host_values`; None
+            outside ``jit`` (they are computed as the graph runs).
 
         Returns:
           A tuple with one array per output.
@@ -693,12 +783,18 @@ class JaxGraph:
             is off (constants folded at trace time are fine).
           OpError: an op failed; the message names the node.
         """
-        return self.apply_with_updates(params, *inputs, rng=rng, training=training)[0]
+        return self.apply_with_updates(params, *inputs, rng=rng, training=training, host=host)[0]
 
     def jit_apply(self, params: Mapping, *inputs) -> tuple:
-        """``jax.jit(self.apply)``, compiled once per input shapes and dtypes."""
+        """``jax.jit(self.apply)``, compiled once per input shapes and dtypes.
+
+        A graph with host ops (``self.host``) computes their outputs first
+        (:meth:`host_values`) and compiles once per their shapes too.
+        """
         if self._jit is None:
             self._jit = jax.jit(self.apply)
+        if self.host.nodes:
+            return self._jit(params, *inputs, host=self.host_values(params, *inputs))
         return self._jit(params, *inputs)
 
     def __repr__(self) -> str:

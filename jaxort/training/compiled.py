@@ -183,6 +183,11 @@ class CompiledSteps:
                 kind, (state_sh, outputs))
         return jax.jit(counted, **kwargs)
 
+    def clear(self) -> None:
+        """Drops every compiled step (each compiles again on its next use)."""
+        with self._lock:
+            self._compiled.clear()
+
     def fingerprint(self) -> Optional[str]:
         """The program's fingerprint for the step cache (:mod:`jaxort.training.step_cache`), or None.
 

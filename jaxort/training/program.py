@@ -20,9 +20,11 @@ then returns one: the same numbers to float32 rounding, in fewer buffers.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
+import numpy as np
 import onnx
 
 from jaxort.errors import TrainingError
@@ -33,7 +35,7 @@ from jaxort.training.inputs import InputChecker, check_micro_batches
 from jaxort.training.layout import ParameterLayout
 from jaxort.training.optimizers import DEFAULT_LEARNING_RATE, OptaxOptimizer, OrtOptimizer, as_optimizer, \
     optimizer_from_model
-from jaxort.training.packing import PackedState, cleared
+from jaxort.training.packing import PackedState, cleared, unpack
 from jaxort.training.pending import Pending, run_pending
 from jaxort.training.precision import Policy, cast_model, compute_names
 from jaxort.training.sharding import gather, placement_of
@@ -66,7 +68,12 @@ class TrainProgram:
       label_names: the labels ``loss_fn`` takes (empty without one).
       training_model: the training ``ModelProto`` as given.
       eval_model: the eval ``ModelProto`` or None.
+      max_host_shapes: how many shapes of host ops' outputs (NonZero counts;
+        ``JaxGraph.host``) the compiled steps are kept for; one more drops
+        every compiled step, with a warning, and starts counting again.
     """
+
+    max_host_shapes = 64
 
     def __init__(
         self,
@@ -148,6 +155,7 @@ class TrainProgram:
         if eval_model is not None:
             self._eval_inputs = InputChecker(eval_model, eval_info, self.eval_input_names, self.layout)
         eval_low = low_precision.get(id(eval_model if eval_model is not None else training_model), frozenset())
+        self._host_shapes: set = set()
         self._steps = CompiledSteps(Steps(
             train_graph=train_graph, eval_graph=eval_graph, eval_params=eval_params,
             n_graph_inputs=len(info.input_names), n_eval_graph_inputs=n_eval_graph_inputs,
@@ -429,7 +437,8 @@ class TrainProgram:
             or the mesh's batch axes do not divide.
         """
         inputs = self.check_inputs(inputs)
-        return self._steps.run(StepKind.TRAIN, state, inputs, self._micro(micro_batches, inputs))
+        with_host = self._with_host(state, inputs, micro_batches=micro_batches)
+        return self._steps.run(StepKind.TRAIN, state, with_host, self._micro(micro_batches, inputs))
 
     def eval_step(self, state: TrainState, *inputs) -> tuple:
         """Evaluates the eval model (inference mode) on a batch.
@@ -444,7 +453,8 @@ class TrainProgram:
         Raises:
           InputError: see :meth:`check_inputs`.
         """
-        return self._steps.run(StepKind.EVAL, state, self.check_inputs(inputs, eval=True))
+        return self._steps.run(StepKind.EVAL, state, self._with_host(state, self.check_inputs(inputs, eval=True),
+                                                                    eval=True))
 
     def optimizer_step(self, state: TrainState) -> TrainState:
         """Applies the optimizer to the accumulated gradients (they are kept).
@@ -493,7 +503,8 @@ class TrainProgram:
         if self.optimizer is None:
             raise TrainingError("this program has no optimizer model")
         inputs = self.check_inputs(inputs)
-        return self._steps.run(StepKind.TRAIN_AND_UPDATE, state, inputs, self._micro(micro_batches, inputs))
+        with_host = self._with_host(state, inputs, micro_batches=micro_batches)
+        return self._steps.run(StepKind.TRAIN_AND_UPDATE, state, with_host, self._micro(micro_batches, inputs))
 
     def train_steps(self, state: TrainState, *inputs,
                     schedule: Callable | None = None) -> tuple[TrainState, tuple]:
@@ -530,6 +541,11 @@ class TrainProgram:
             raise TrainingError("this program has no optimizer model")
         if type(state) is not PackedState and placement_of(state) is not None:
             raise TrainingError("train_steps runs on one device: step a sharded state with train_and_update")
+        if self._steps.steps.train_graph.host.nodes:
+            raise TrainingError(
+                "train_steps cannot stack batches of this model: the shapes of its host ops' outputs "
+                f"({list(self._steps.steps.train_graph.host.names)}) depend on each batch's values; "
+                "step it with train_and_update")
         inputs = self._train_inputs.check_stacked(tuple(inputs))
         return self._steps.run(StepKind.TRAIN_STEPS, state, inputs, schedule=schedule)
 
@@ -590,13 +606,53 @@ class TrainProgram:
             raise TrainingError("this program has no optimizer model")
         if pending.schedule_step and schedule is None:
             raise TrainingError("schedule_step needs a schedule")
-        inputs = self._train_inputs.check(inputs)
+        inputs = self._with_host(state, self._train_inputs.check(inputs))
         if type(state) is not PackedState and placement_of(state) is not None:
             # On a mesh the calls run one by one, each with the state's shardings.
             state = run_pending(state, pending, optimizer_step=self.optimizer_step,
                                 lazy_reset_grad=self.lazy_reset_grad, schedule=schedule)
             return self._steps.run(StepKind.TRAIN, state, inputs)
         return self._steps.run_after(state, pending, inputs, schedule)
+
+    def _with_host(self, state, inputs: tuple, *, eval: bool = False, micro_batches: int = 1) -> tuple:
+        """``inputs``, followed for a graph with host ops by their outputs on this batch.
+
+        The ops whose output shape depends on run-time values (NonZero,
+        NonMaxSuppression; ``JaxGraph.host``) and the nodes they need run
+        here, on the batch and, when they read any, the state's parameters;
+        the compiled step takes their outputs as inputs and compiles once
+        per their shapes.
+
+        Raises:
+          TrainingError: micro-batches or a state on a mesh with host ops.
+        """
+        steps = self._steps.steps
+        graph = steps.eval_graph if eval else steps.train_graph
+        if not graph.host.nodes:
+            return inputs
+        names = list(graph.host.names)
+        if micro_batches != 1:
+            raise TrainingError(f"micro_batches cannot split a batch of this model: the shapes of its host "
+                                f"ops' outputs {names} depend on the whole batch's values")
+        if type(state) is not PackedState and placement_of(state) is not None:
+            raise TrainingError(f"a state on a mesh cannot run this model: its host ops' outputs {names} "
+                                "depend on the values of the whole batch, which no process holds")
+        params = {}
+        if graph.host.params:
+            whole = unpack(state) if type(state) is PackedState else state
+            params = {**whole.params, **whole.frozen}
+        n = steps.n_eval_graph_inputs if eval else steps.n_graph_inputs
+        host = tuple(graph.host_values(params, *inputs[:n], training=not eval)[name] for name in names)
+        shapes = (eval,) + tuple(np.shape(v) for v in host)
+        if shapes not in self._host_shapes:
+            if len(self._host_shapes) >= self.max_host_shapes:
+                warnings.warn(f"the steps of this program were compiled for {len(self._host_shapes)} shapes of "
+                              f"its host ops' outputs {names} (max_host_shapes); every compiled step is dropped "
+                              "and compiles again as new shapes come", RuntimeWarning, stacklevel=3)
+                self._steps.clear()
+                self._host_shapes.clear()
+            self._host_shapes.add(shapes)
+        return tuple(inputs) + host
 
     def _micro(self, micro_batches, inputs) -> int:
         return check_micro_batches(micro_batches, inputs, self.input_names)

@@ -121,19 +121,34 @@ class Steps:
             outs = tuple(self.policy.cast_to_output(o) for o in outs)
         return (self.loss_fn(*outs, *labels),) + tuple(outs)
 
+    @staticmethod
+    def split_host(graph: JaxGraph, inputs):
+        """``(inputs, host)``: a step's arguments without the host ops' outputs that
+        follow them (:meth:`JaxGraph.host_values`), and those as ``apply``'s ``host``."""
+        n = len(graph.host.names)
+        if not n:
+            return inputs, None
+        return inputs[:-n], dict(zip(graph.host.names, inputs[-n:]))
+
     def forward_grad(self, state: TrainState, inputs):
-        """``(rng, grads, outputs, frozen, parameter updates)`` of one batch."""
+        """``(rng, grads, outputs, frozen, parameter updates)`` of one batch.
+
+        ``inputs``: the user inputs and labels, then the outputs of the
+        training graph's host ops when it has some.
+        """
         rng, key = jax.random.split(state.rng)
         # Folded per node on demand; when no node draws a key the state's key
         # stays as it was and XLA drops the split (a threefry loop per step).
         key = NodeKey(key)
         graph = self.train_graph
+        inputs, host = self.split_host(graph, inputs)
         labels = inputs[self.n_graph_inputs:]
         inputs = self._prepare_inputs(inputs[:self.n_graph_inputs], self.input_names)
 
         def loss_fn(params):
             outs, updates = graph.apply_with_updates(
-                self._all_params(params, state.frozen), *inputs, rng=key, training=True, remat=self.remat)
+                self._all_params(params, state.frozen), *inputs, rng=key, training=True, remat=self.remat,
+                host=host)
             outs = self._add_loss(outs, labels)
             loss = outs[0]
             if jnp.ndim(loss) != 0 and jnp.size(loss) != 1:
@@ -217,12 +232,13 @@ class Steps:
                              accumulate=jnp.ones_like(state.accumulate), rng=rng), outs
 
     def eval(self, state: TrainState, inputs):
-        """The eval model's outputs in inference mode."""
+        """The eval model's outputs in inference mode (``inputs`` as in :meth:`forward_grad`)."""
+        inputs, host = self.split_host(self.eval_graph, inputs)
         labels = inputs[self.n_eval_graph_inputs:]
         inputs = self._prepare_inputs(inputs[:self.n_eval_graph_inputs], self.eval_input_names, eval=True)
         params = self._all_params(state.params, state.frozen, eval=True)
         params = {k: v for k, v in params.items() if k in self.eval_params}
-        outs = self._add_loss(self.eval_graph.apply(params, *inputs, training=False), labels)
+        outs = self._add_loss(self.eval_graph.apply(params, *inputs, training=False, host=host), labels)
         return tuple(self._output(o) for o in outs)
 
     def optimizer_step(self, state: TrainState, flat: bool = False, when=None) -> TrainState:
