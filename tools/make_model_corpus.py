@@ -399,6 +399,27 @@ def _build(name):
         wrap = _classifier(lambda m, i: m(input_ids=i, return_dict=False)[0])
         return wrap(DebertaV2ForSequenceClassification(cfg)), ["input_ids"], ids, \
             lambda: torch.randint(0, 3, (4,), generator=g), "CrossEntropyLoss"
+    if name == "bart":
+        from transformers import BartConfig, BartForSequenceClassification
+
+        # Encoder-decoder; the classification head pools the decoder's hidden state at the `</s>`
+        # tokens with a boolean mask (Equal -> NonZero -> GatherND in the export: a shape that
+        # depends on the input's values). BART requires the same number of `</s>` in every row:
+        # ids are drawn from [3, 64) (no bos, pad or eos) and each row ends with one eos.
+        cfg = BartConfig(vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1,
+                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                         decoder_ffn_dim=64, max_position_embeddings=16, dropout=0.0, attention_dropout=0.0,
+                         activation_dropout=0.0, classifier_dropout=0.0, num_labels=3, pad_token_id=1,
+                         bos_token_id=0, eos_token_id=2, use_cache=False, attn_implementation="eager")
+
+        def eos_ids():
+            x = torch.randint(3, text["vocab"], (text["batch"], text["seq"]), generator=g)
+            x[:, -1] = cfg.eos_token_id
+            return x
+
+        wrap = _classifier(lambda m, i: m(input_ids=i, return_dict=False)[0])
+        return wrap(BartForSequenceClassification(cfg)), ["input_ids"], eos_ids, \
+            lambda: torch.randint(0, 3, (4,), generator=g), "CrossEntropyLoss"
     if name in ("lstm", "gru"):
         from torch import nn
 
@@ -422,7 +443,7 @@ def _build(name):
 
 CASES = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "distilbert", "gpt2", "t5", "vit",
          "lstm", "gru", "swin", "mlp_mixer", "llama", "unet", "densenet", "levit",
-         "wav2vec2", "deberta")
+         "wav2vec2", "deberta", "bart")
 DESCRIPTIONS = {
     "resnet18": "torchvision ResNet-18 (BasicBlock [2,2,2,2]), stage widths 3-6-12-24, 3x32x32, batch 8",
     "mobilenet_v3_small": "torchvision mobilenet_v3_small(width_mult=0.125, reduced_tail=True), 3x32x32, batch 8",
@@ -450,6 +471,8 @@ DESCRIPTIONS = {
                 "positional conv, 1 layer, hidden 16, 400 samples, batch 4",
     "deberta": "transformers DebertaV2ForSequenceClassification, 2 layers, hidden 32, 2 heads, intermediate 64, "
                "relative attention (p2c, c2p, 4 position buckets), seq 8, vocab 64, 3 labels, batch 4",
+    "bart": "transformers BartForSequenceClassification, 1+1 layers, d_model 32, 2 heads, ffn 64, seq 8, "
+            "vocab 64, eos-token pooling (NonZero, GatherND), 3 labels, batch 4",
 }
 
 
@@ -875,7 +898,7 @@ README_HEAD = """# Real-model corpus
 
 Written by `tools/make_model_corpus.py` (stage `export` with torch 2.13.0 CPU,
 torchvision 0.28.0, transformers 5.24.0 (5.25.0 for `swin`, `llama`, `levit`,
-`wav2vec2`, `deberta`; each `case.json` records its versions), onnx 1.16.2; stage `ort`
+`wav2vec2`, `deberta`, `bart`; each `case.json` records its versions), onnx 1.16.2; stage `ort`
 with onnxruntime-training 1.19.2, onnx 1.16.2, numpy 2.2). Random
 initialisation, tiny configs, no downloaded weights. docs/real-models.md says
 how and why.
@@ -928,6 +951,14 @@ ScaledSum of DeBERTa's attention scores when the content-to-content term is
 writes that term as `Div(MatMul(q, k^T), c)`, the same function. ORT has no
 CPU kernel for ScaledSum: `training_model.onnx` keeps it, and ORT's reference
 run trained a copy with each ScaledSum written as Mul and Add.
+
+`bart`: the classification head pools the decoder's hidden state at the `</s>`
+tokens with a boolean mask, exported as Equal(input_ids, 2), NonZero,
+Transpose, GatherND, Reshape, Gather: a shape set by the input's values, on
+the loss path (ORT differentiates it with GatherNDGrad). BART requires the
+same number of `</s>` in every row: the ids are drawn from [3, 64) and each
+row ends with one `</s>` (id 2). Built with `use_cache=False` (the decoder's
+key/value cache adds Concats onto an empty tensor). ORT needed no workaround.
 
 ORT steps/s: train step + optimizer step + lazy_reset_grad, timed over steps
 3-5 on two shared CPU cores; noisy (a factor of a few between runs).

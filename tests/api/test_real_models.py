@@ -49,10 +49,10 @@ from jaxort.api import CheckpointState, Module, Optimizer
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "models"
 # The default run takes the models that compile fast and between them cover ORT's rewrites
 # of transformers (BiasGelu, FastGelu, ConcatTraining) and recurrent nets (LSTMTraining,
-# GRUTraining), and the ops ORT cannot train (HardSwish, InstanceNormalization, Resize); the
-# other CNNs (BatchNormInternal), BERT, DistilBERT, T5, Swin, Llama and DeBERTa (ScaledSum) take
+# GRUTraining), the ops ORT cannot train (HardSwish, InstanceNormalization, Resize) and a
+# NonZero on the loss path (BART's pooling at its </s> tokens); the other CNNs (BatchNormInternal), BERT, DistilBERT, T5, Swin, Llama and DeBERTa (ScaledSum) take
 # 10-60 s each.
-FAST = ("gpt2", "vit", "lstm", "gru", "mlp_mixer", "unet", "levit", "wav2vec2")
+FAST = ("gpt2", "vit", "lstm", "gru", "mlp_mixer", "unet", "levit", "wav2vec2", "bart")
 SLOW = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "distilbert", "t5", "swin", "llama",
         "densenet", "deberta")
 CASES = [*FAST, *(pytest.param(c, marks=pytest.mark.slow) for c in SLOW)]
