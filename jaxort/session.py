@@ -153,7 +153,7 @@ class TrainingSession:
 
     def __init__(self, state: CheckpointHandle, train_model: ModelLike,
                  eval_model: Optional[ModelLike] = None, optimizer_model: Optional[ModelLike] = None, *,
-                 device: str = "cpu", mesh: Any = None, strategy: str = "data"):
+                 device: str = "cpu", mesh: Any = None, strategy: str = "data", remat: Any = None):
         """Creates a session (CreateTrainingSession).
 
         Args:
@@ -163,17 +163,20 @@ class TrainingSession:
           optimizer_model: the optimizer model, optional (optimizer steps need it).
           device: ``"cpu"``, ``"cuda"``, ``"gpu"`` or ``"tpu"`` (``":<index>"``).
           mesh, strategy: shard the state over a ``jax.sharding.Mesh`` (see ``jaxort.training.shard``).
+          remat: rematerialise the forward pass in train steps (``TrainProgram.from_artifacts``'
+            option): None, ``"dots"``, ``"dots_no_batch"``, ``"nothing_saveable"`` or a
+            ``jax.checkpoint`` policy.
 
         Raises:
           InputError: the device is unknown or not available.
-          TrainingError, ModelError: invalid artifacts, mesh or strategy.
+          TrainingError, ModelError: invalid artifacts, mesh, strategy or remat.
           CheckpointError: the checkpoint does not match the training model.
         """
         if not isinstance(state, CheckpointHandle):
             raise InputError(f"state must be a jaxort.session.CheckpointHandle, got {type(state).__name__}")
         device = resolve_device(device)
         program = _training.PROGRAMS.get(train_model, eval_model, optimizer_model,
-                                         state.session_state.checkpoint)
+                                         state.session_state.checkpoint, remat=remat)
         self._handle = state
         self._program = program
         self._released = False
@@ -254,7 +257,8 @@ class TrainingSession:
         starts from the checkpoint's optimizer group if it has one.
         """
         base, checkpoint = self._read(lambda st: (st.program, st.checkpoint))
-        program = _training.PROGRAMS.get(base.training_model, base.eval_model, optimizer_model, checkpoint)
+        program = _training.PROGRAMS.get(base.training_model, base.eval_model, optimizer_model, checkpoint,
+                                         remat=base.remat)
         self._update(lambda st: st.with_optimizer(program))
         self._program = program
 

@@ -47,7 +47,7 @@ class Module:
 
     def __init__(self, train_model_uri: Any, state: CheckpointState, eval_model_uri: Any = None,
                  device: str = "cpu", session_options: Any = None, *, mesh: Any = None,
-                 strategy: str = "data") -> None:
+                 strategy: str = "data", remat: Any = None) -> None:
         """Creates the module.
 
         Args:
@@ -64,15 +64,21 @@ class Module:
             devices (see ``jaxort.training.shard``). None: one ``device``.
           strategy: "data" (parameters replicated) or "fsdp" (parameters,
             gradients and optimizer moments split along "fsdp").
+          remat: rematerialise the forward pass in train steps (a jaxort
+            extension; ``TrainProgram.from_artifacts``' option): None,
+            ``"dots"``, ``"dots_no_batch"``, ``"nothing_saveable"`` or a
+            ``jax.checkpoint`` policy. The same numbers, less memory on
+            GPU/TPU for more compute.
 
         Raises:
           InputError: the device is unknown or not available.
+          TrainingError: an unknown ``remat`` name.
         """
         if not isinstance(state, CheckpointState):
             raise ArgumentTypeError(f"state must be a jaxort.api.CheckpointState, got {type(state).__name__}")
         device = resolve_device(device)
         program = _training.PROGRAMS.get(_uri(train_model_uri), _uri(eval_model_uri), None,
-                                         state.session_state.checkpoint)
+                                         state.session_state.checkpoint, remat=remat)
         self.training = True
         self._state = state
         state.cell.update(lambda st: st.attach(program, device=device, owner=self, mesh=mesh, strategy=strategy))
@@ -278,7 +284,8 @@ class Optimizer:
             raise ArgumentTypeError(f"module must be a jaxort.api.Module, got {type(module).__name__}")
         self._module = module
         base, checkpoint = module._read(lambda st: (st.program, st.checkpoint))
-        program = _training.PROGRAMS.get(base.training_model, base.eval_model, _uri(optimizer_uri), checkpoint)
+        program = _training.PROGRAMS.get(base.training_model, base.eval_model, _uri(optimizer_uri), checkpoint,
+                                         remat=base.remat)
         module._update(lambda st: st.with_optimizer(program, owner=self))
 
     def step(self) -> None:

@@ -37,7 +37,8 @@ class ProgramCache:
         self._programs: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, training_model, eval_model, optimizer_model, checkpoint: ckpt.Checkpoint) -> TrainProgram:
+    def get(self, training_model, eval_model, optimizer_model, checkpoint: ckpt.Checkpoint, *,
+            remat=None) -> TrainProgram:
         """The program for these artifacts and the checkpoint's parameter names.
 
         Args:
@@ -46,6 +47,8 @@ class ProgramCache:
             also be an optimizer object (an optax ``GradientTransformation``,
             an ``OptaxOptimizer`` or ``OrtOptimizer``), cached by identity.
           checkpoint: tells parameters from user inputs, as in ORT.
+          remat: ``TrainProgram.from_artifacts``' rematerialisation option
+            (a name, or a ``jax.checkpoint`` policy, cached by identity).
 
         Returns:
           A cached or new program.
@@ -61,6 +64,8 @@ class ProgramCache:
             # .transform), so its id is not reused while the entry lives.
             digest.update(b"optimizer object %d" % id(optimizer))
         digest.update(repr((list(checkpoint.trainable), list(checkpoint.frozen))).encode())
+        # A policy function is held by the cached program, so its id is not reused while the entry lives.
+        digest.update(repr(remat if remat is None or isinstance(remat, str) else id(remat)).encode())
         key = digest.digest()
         with self._lock:
             program = self._programs.get(key)
@@ -69,7 +74,7 @@ class ProgramCache:
                 return program
         if optimizer is not None:
             protos[2] = optimizer
-        program = TrainProgram.from_artifacts(*protos, checkpoint=checkpoint)
+        program = TrainProgram.from_artifacts(*protos, checkpoint=checkpoint, remat=remat)
         with self._lock:
             self._programs[key] = program
             while len(self._programs) > self._size:

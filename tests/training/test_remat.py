@@ -78,3 +78,42 @@ def test_an_unknown_remat_is_named():
     with pytest.raises(TrainingError, match=r"remat must be None, one of \['dots', 'dots_no_batch', "
                                             r"'nothing_saveable'\] or a jax.checkpoint policy, got 'some'"):
         TrainProgram.from_artifacts(root / "training_model.onnx", remat="some")
+
+
+def test_the_facades_take_remat_and_train_to_ort_s_losses():
+    # jaxort.api.Module(remat=...) and jaxort.session.TrainingSession(remat=...): ORT's own
+    # losses on its GPT-2 artifacts (3 steps), and a program of their own per option.
+    from jaxort import session
+    from jaxort.api import CheckpointState, Module, Optimizer
+
+    root = MODELS / "gpt2"
+    info = json.loads((root / "case.json").read_text())
+    with np.load(root / "batches.npz") as f:
+        batches = [[f[f"train::{name}"][step] for name in info["input_names"] + ["labels"]] for step in range(3)]
+    with np.load(root / "expected.npz") as f:
+        want = f["losses"][:3]
+
+    state = CheckpointState.load_checkpoint(str(root / "checkpoint"))
+    module = Module(str(root / "training_model.onnx"), state, remat="dots")
+    optimizer = Optimizer(str(root / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(info["learning_rate"])
+    api_losses = []
+    for batch in batches:
+        api_losses.append(float(np.asarray(module(*batch))))
+        optimizer.step()
+        module.lazy_reset_grad()
+    program = module._state.session_state.program
+    assert program.remat == "dots"
+
+    handle = session.load_checkpoint(root / "checkpoint")
+    with session.TrainingSession(handle, root / "training_model.onnx", None, root / "optimizer_model.onnx",
+                                 remat="nothing_saveable") as s:
+        s.set_learning_rate(info["learning_rate"])
+        session_losses = []
+        for batch in batches:
+            session_losses.append(float(s.train_step(*batch)[0]))
+            s.optimizer_step()
+            s.lazy_reset_grad()
+        assert s._program.remat == "nothing_saveable" and s._program is not program
+    np.testing.assert_allclose(api_losses, want, rtol=1e-5)
+    np.testing.assert_allclose(session_losses, want, rtol=1e-5)
