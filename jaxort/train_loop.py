@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from typing import IO, Optional, Union
 
 import numpy as np
@@ -264,7 +264,7 @@ class _Interrupt:
 
 def run_training(
     artifacts: PathLike,
-    data: PathLike,
+    data: Union[PathLike, Iterable],
     *,
     epochs: int = 1,
     batch_size: int = 32,
@@ -284,8 +284,9 @@ def run_training(
     stop_after: Optional[int] = None,
     progress: Optional[bool] = None,
     log: Callable[[str], None] = print,
+    steps_per_epoch: Optional[int] = None,
 ) -> dict:
-    """Trains an artifact set on the arrays of an ``.npz`` file.
+    """Trains an artifact set on the arrays of an ``.npz`` file, or on any iterable of batches.
 
     Each step is one ``TrainProgram.train_and_update`` (train step, optimizer
     step, ``lazy_reset_grad``) on ``batch_size`` examples; the last partial
@@ -296,7 +297,15 @@ def run_training(
         checkpoint and optionally eval_model.onnx.
       data: an ``.npz`` (or a directory of ``<name>.npy`` files, :class:`NpyRows`)
         with one array per training-model input (user inputs
-        and labels), examples along the first axis.
+        and labels), examples along the first axis. Or an iterable of
+        batches (a list, a generator's iterator, a data loader), each a
+        sequence of arrays in the model's input order or a mapping of input
+        name to array; its batches are trained as they come (``batch_size``,
+        ``seed`` and ``shuffle`` do not apply to them). An object iterated
+        anew each epoch (a list, a dataset) may run several epochs; a
+        one-shot iterator runs one. Resuming skips the batches the
+        checkpoint's run had trained, so the iterable must give the same
+        batches in the same order again.
       epochs: passes over ``data``.
       batch_size: examples per step.
       learning_rate: the (peak) learning rate; default the checkpoint's
@@ -324,6 +333,9 @@ def run_training(
       stop_after: stop (with a checkpoint) once this many steps are done.
       progress: show a tqdm bar on stderr (None: only on a terminal).
       log: receives each output line.
+      steps_per_epoch: for an iterable of batches, how many make an epoch
+        (default its ``len()``; an iterable without one and without this
+        runs until it ends, one epoch, with the constant schedule).
 
     Returns:
       A dict: ``steps`` (done, the resumed ones included), ``loss`` (last
@@ -334,7 +346,10 @@ def run_training(
 
     Raises:
       InputError: unreadable data, missing input arrays, too few examples,
-        a bad schedule, a resume checkpoint of another run.
+        a bad schedule, a resume checkpoint of another run; a batch of an
+        iterable that is not the model's inputs, an iterable that ends
+        before the step a run resumes at, several epochs of a one-shot
+        iterator.
       CheckpointError: a resume checkpoint without optimizer state or position.
       TrainingError, ModelError: artifacts that cannot be trained.
     """
@@ -343,31 +358,39 @@ def run_training(
 
     art = pathlib.Path(artifacts)
     program, start_ckpt, dev = _open_artifacts(art, device, resume)
-    columns, eval_columns = _data_columns(program, data, eval_data, batch_size)
-    n_examples = len(columns[0])
-    per_epoch = n_examples // batch_size
-    total = epochs * per_epoch
+    if isinstance(data, (str, os.PathLike)):
+        columns, eval_columns = _data_columns(program, data, eval_data, batch_size)
+        n_examples = len(columns[0])
+        per_epoch = n_examples // batch_size
+        epoch_batches = _array_batches(columns, batch_size, seed, shuffle, per_epoch)
+        described = f"{n_examples} examples, {per_epoch} batches of {batch_size} per epoch"
+    else:
+        eval_columns = _data_columns(program, None, eval_data, batch_size)[1]
+        per_epoch = _iterable_length(data, epochs, steps_per_epoch, schedule)
+        epoch_batches = _iterable_batches(data, program.input_names, per_epoch)
+        batch_size = 0  # the iterable's batches decide; recorded as 0 in the checkpoint
+        described = "batches from " + type(data).__name__ + (f", {per_epoch} per epoch" if per_epoch else "")
+    total = epochs * per_epoch if per_epoch is not None else None
     step = 0
     if resume is not None:
         step = _resumed_step(start_ckpt, resume, seed=seed, batch_size=batch_size, epochs=epochs,
                              per_epoch=per_epoch)
     state = jax.device_put(program.init_state(start_ckpt, seed=seed), dev)
     peak = float(np.asarray(state.learning_rate)) if learning_rate is None else float(learning_rate)
-    lr_at = _schedule(schedule, peak, warmup_steps, total)
+    lr_at = _schedule(schedule, peak, warmup_steps, total or 0)
 
     out = pathlib.Path(checkpoint_out)
     metrics_path = pathlib.Path(metrics) if metrics is not None else out.with_name(out.name + ".metrics.jsonl")
     plot_path = pathlib.Path(plot) if plot is not None else out.with_name(out.name + ".loss.png")
     run = _Run(program, state, step, dict(start_ckpt.properties), int(seed), int(batch_size), out,
                _open_metrics(metrics_path, resume is not None, step), eval_columns)
-    log(f"training {program.input_names} -> {program.output_names[0]}: {n_examples} examples, "
-        f"{per_epoch} batches of {batch_size} per epoch, {epochs} epoch(s)"
+    log(f"training {program.input_names} -> {program.output_names[0]}: {described}, {epochs} epoch(s)"
         + (f", resuming at step {step}" if resume is not None else ""))
     bar = tqdm(total=total, initial=step, unit="step", file=sys.stderr, disable=(not progress) if progress
                is not None else None, dynamic_ncols=True, desc="train")
     try:
         loss, eval_loss, interrupted, stopped = _train(
-            run, columns, lr_at, epochs=epochs, per_epoch=per_epoch, shuffle=shuffle, eval_every=eval_every,
+            run, epoch_batches, lr_at, epochs=epochs, per_epoch=per_epoch, eval_every=eval_every,
             every=every, stop_after=stop_after, bar=bar, log=log)
     finally:
         bar.close()
@@ -403,13 +426,15 @@ def _open_artifacts(art: pathlib.Path, device: str, resume: Optional[PathLike]) 
     return program, start_ckpt, dev
 
 
-def _data_columns(program, data: PathLike, eval_data: Optional[PathLike], batch_size: int) -> tuple:
-    """``(columns, eval_columns)``: the arrays of the model's inputs (eval's None without ``eval_data``)."""
-    columns = _columns(load_arrays(data, "--data"), program.input_names, data, "--data")
-    n_examples = len(columns[0])
-    if n_examples < batch_size:
-        raise InputError(f"--data {os.fspath(data)!r} has {n_examples} examples, fewer than one batch "
-                         f"of {batch_size}")
+def _data_columns(program, data: Optional[PathLike], eval_data: Optional[PathLike], batch_size: int) -> tuple:
+    """``(columns, eval_columns)``: the arrays of the model's inputs (None without ``data`` or ``eval_data``)."""
+    columns = None
+    if data is not None:
+        columns = _columns(load_arrays(data, "--data"), program.input_names, data, "--data")
+        n_examples = len(columns[0])
+        if n_examples < batch_size:
+            raise InputError(f"--data {os.fspath(data)!r} has {n_examples} examples, fewer than one batch "
+                             f"of {batch_size}")
     eval_columns = None
     if eval_data is not None:
         eval_columns = _columns(load_arrays(eval_data, "--eval-data"), program.eval_input_names, eval_data,
@@ -417,8 +442,76 @@ def _data_columns(program, data: PathLike, eval_data: Optional[PathLike], batch_
     return columns, eval_columns
 
 
+def _array_batches(columns: list, batch_size: int, seed: int, shuffle: bool, per_epoch: int) -> Callable:
+    """``batches(epoch, start)``: the batches of an epoch of arrays from batch ``start`` on."""
+    n_examples = len(columns[0])
+
+    def batches(epoch: int, start: int):
+        # int32 positions where they fit, shuffled in place: a large data set's order in a
+        # quarter of the memory of permutation(n), and the same order.
+        order = np.arange(n_examples, dtype=np.int32 if n_examples < 2 ** 31 else np.int64)
+        if shuffle:
+            np.random.default_rng([seed, epoch]).shuffle(order)
+        for index in range(start, per_epoch):
+            idx = order[index * batch_size:(index + 1) * batch_size]
+            yield tuple(c[idx] for c in columns)
+    return batches
+
+
+def _iterable_length(data, epochs: int, steps_per_epoch: Optional[int], schedule: str) -> Optional[int]:
+    """Batches per epoch of an iterable (None: until it ends), checked against ``epochs`` and ``schedule``."""
+    if not isinstance(data, Iterable) or isinstance(data, (bytes, Mapping)):
+        raise InputError(f"data must be a path to an .npz file or a directory of .npy files, or an iterable "
+                         f"of batches; got {type(data).__name__}")
+    if iter(data) is data and epochs != 1:
+        raise InputError(f"data is an iterator, which can be read once: epochs must be 1 (given {epochs}); "
+                         "pass an object iterated anew each epoch (a list, a dataset) for more")
+    length = steps_per_epoch
+    if length is None and isinstance(data, Sized):
+        length = len(data)
+    if length is None:
+        if epochs != 1 or schedule != "constant":
+            raise InputError(f"data ({type(data).__name__}) has no len(): pass steps_per_epoch for epochs > 1 "
+                             f"or the {schedule!r} schedule")
+        return None
+    if int(length) < 1:
+        raise InputError(f"an epoch of data needs at least one batch; got {length}")
+    return int(length)
+
+
+def _iterable_batches(data: Iterable, names: Sequence[str], per_epoch: Optional[int]) -> Callable:
+    """``batches(epoch, start)``: an iterable's batches, the first ``start`` of an epoch skipped."""
+    def batches(epoch: int, start: int):
+        seen = 0
+        for index, batch in enumerate(data):
+            if per_epoch is not None and index >= per_epoch:
+                return
+            seen = index + 1
+            if index >= start:
+                yield _batch_inputs(batch, names, index)
+        if seen < start:
+            raise InputError(f"data ended after {seen} batches of epoch {epoch + 1}, before batch {start + 1}, "
+                             "where the resumed run stood")
+    return batches
+
+
+def _batch_inputs(batch, names: Sequence[str], index: int) -> tuple:
+    """A batch of an iterable as the model's inputs, in order."""
+    if isinstance(batch, Mapping):
+        missing = [n for n in names if n not in batch]
+        if missing:
+            raise InputError(f"batch {index + 1} of data has no {missing}; the model takes {list(names)}, "
+                             f"the batch has {list(batch)}")
+        return tuple(batch[n] for n in names)
+    if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence) or len(batch) != len(names):
+        given = f"{len(batch)} values" if isinstance(batch, Sequence) else type(batch).__name__
+        raise InputError(f"batch {index + 1} of data must be {len(names)} arrays {list(names)} (or a mapping "
+                         f"of those names), got {given}")
+    return tuple(batch)
+
+
 def _resumed_step(start_ckpt, resume: PathLike, *, seed: int, batch_size: int, epochs: int,
-                  per_epoch: int) -> int:
+                  per_epoch: Optional[int]) -> int:
     """The step a checkpoint written by :func:`run_training` stood at, checked against this run."""
     props = start_ckpt.properties
     missing = [p for p in POSITION_PROPERTIES if p not in props]
@@ -432,7 +525,7 @@ def _resumed_step(start_ckpt, resume: PathLike, *, seed: int, batch_size: int, e
             raise InputError(f"--resume {os.fspath(resume)!r} comes from a run with {name} {saved}; "
                              f"resume with the same {name} (given {given})")
     step = int(props["jaxort.train.step"])
-    total = epochs * per_epoch
+    total = epochs * per_epoch if per_epoch is not None else step
     if step > total:
         raise InputError(f"--resume {os.fspath(resume)!r} is at step {step}, past the {total} steps of "
                          f"{epochs} epoch(s) of {per_epoch} batches")
@@ -493,10 +586,14 @@ class _Run:
         return value
 
 
-def _train(run: _Run, columns: list, lr_at: Callable[[int], float], *, epochs: int, per_epoch: int,
-           shuffle: bool, eval_every: Optional[int], every: Optional[int], stop_after: Optional[int],
+def _train(run: _Run, epoch_batches: Callable, lr_at: Callable[[int], float], *, epochs: int,
+           per_epoch: Optional[int], eval_every: Optional[int], every: Optional[int], stop_after: Optional[int],
            bar, log: Callable[[str], None]) -> tuple:
     """Trains from ``run.step`` to the end, a stop or an interrupt, then saves the checkpoint.
+
+    ``epoch_batches(epoch, start)`` gives an epoch's batches from batch
+    ``start`` on; ``per_epoch`` is their count, or None (an epoch ends with
+    its batches).
 
     Returns:
       ``(loss, eval_loss, interrupted, stopped)``: the last losses (None
@@ -506,25 +603,19 @@ def _train(run: _Run, columns: list, lr_at: Callable[[int], float], *, epochs: i
 
     from jaxort.training import set_learning_rate
 
-    n_examples = len(columns[0])
-    total = epochs * per_epoch
+    total = epochs * per_epoch if per_epoch is not None else None
     base_key = jax.random.PRNGKey(run.seed)
-    epoch, batch_index = divmod(run.step, per_epoch)
+    epoch, batch_index = divmod(run.step, per_epoch) if per_epoch is not None else (0, run.step)
     loss = eval_loss = None
     interrupted = stopped = False
     started = time.perf_counter()
     with _Interrupt() as interrupt:
         while epoch < epochs and not (interrupted or stopped):
-            # int32 positions where they fit, shuffled in place: a large data set's order in a
-            # quarter of the memory of permutation(n), and the same order.
-            order = np.arange(n_examples, dtype=np.int32 if n_examples < 2 ** 31 else np.int64)
-            if shuffle:
-                np.random.default_rng([run.seed, epoch]).shuffle(order)
-            while batch_index < per_epoch:
-                idx = order[batch_index * run.batch_size:(batch_index + 1) * run.batch_size]
+            rolled = False
+            for batch in epoch_batches(epoch, batch_index):
                 lr = lr_at(run.step)
                 run.state = set_learning_rate(run.state, lr).replace(rng=jax.random.fold_in(base_key, run.step))
-                run.state, outs = run.program.train_and_update(run.state, *(c[idx] for c in columns))
+                run.state, outs = run.program.train_and_update(run.state, *batch)
                 loss = float(np.asarray(outs[0]))
                 run.step += 1
                 batch_index += 1
@@ -532,26 +623,35 @@ def _train(run: _Run, columns: list, lr_at: Callable[[int], float], *, epochs: i
                            seconds=round(time.perf_counter() - started, 4))
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-                if eval_every and run.step % eval_every == 0 and batch_index < per_epoch:
+                if eval_every and run.step % eval_every == 0 and batch_index != per_epoch:
                     eval_loss = run.evaluate(epoch + 1)
                 rolled = batch_index == per_epoch
                 if rolled:
-                    epoch, batch_index = epoch + 1, 0
-                    eval_loss = run.evaluate(epoch) if run.eval_columns is not None else eval_loss
-                    log(f"epoch {epoch}/{epochs}  step {run.step}  loss {loss:.4f}"
-                        + (f"  eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
+                    epoch, batch_index, eval_loss = _next_epoch(run, epoch, epochs, loss, eval_loss, log)
                 if interrupt.requested:
                     interrupted = True
                     break
                 if stop_after is not None and run.step >= stop_after:
                     stopped = True
                     break
-                if every and run.step % every == 0 and run.step < total:
+                if every and run.step % every == 0 and (total is None or run.step < total):
                     run.save(epoch, batch_index)
                 if rolled:
                     break  # the next epoch draws its own order
+            else:
+                if not rolled:  # the batches ended before per_epoch (or per_epoch is unknown)
+                    epoch, batch_index, eval_loss = _next_epoch(run, epoch, epochs, loss, eval_loss, log)
     run.save(epoch, batch_index)
     return loss, eval_loss, interrupted, stopped
+
+
+def _next_epoch(run: _Run, epoch: int, epochs: int, loss, eval_loss, log: Callable[[str], None]) -> tuple:
+    """``(epoch, batch, eval_loss)`` after epoch ``epoch`` ends: evaluated and logged."""
+    epoch += 1
+    eval_loss = run.evaluate(epoch) if run.eval_columns is not None else eval_loss
+    log(f"epoch {epoch}/{epochs}  step {run.step}  loss {loss if loss is not None else math.nan:.4f}"
+        + (f"  eval loss {eval_loss:.4f}" if eval_loss is not None else ""))
+    return epoch, 0, eval_loss
 
 
 def _plot_metrics(metrics_path: pathlib.Path, plot_path: pathlib.Path, *, title: str) -> bool:
