@@ -61,6 +61,9 @@ POSITION_PROPERTIES = ("jaxort.train.step", "jaxort.train.epoch", "jaxort.train.
 
 SCHEDULES = ("constant", "linear", "cosine")
 
+# A checkpoint property: the JSON state of an iterable's iterator (grain's), where it has one.
+DATA_STATE = "jaxort.train.data_state"
+
 
 def load_arrays(path: PathLike, what: str = "data") -> dict:
     """Reads every array of an ``.npz`` file, or opens every ``.npy`` file of a directory.
@@ -305,7 +308,9 @@ def run_training(
         anew each epoch (a list, a dataset) may run several epochs; a
         one-shot iterator runs one. Resuming skips the batches the
         checkpoint's run had trained, so the iterable must give the same
-        batches in the same order again.
+        batches in the same order again; an iterator with ``get_state`` and
+        ``set_state`` (a grain dataset's) is restored to its saved state
+        instead.
       epochs: passes over ``data``.
       batch_size: examples per step.
       learning_rate: the (peak) learning rate; default the checkpoint's
@@ -367,7 +372,8 @@ def run_training(
     else:
         eval_columns = _data_columns(program, None, eval_data, batch_size)[1]
         per_epoch = _iterable_length(data, epochs, steps_per_epoch, schedule)
-        epoch_batches = _iterable_batches(data, program.input_names, per_epoch)
+        epoch_batches = _IterableBatches(data, program.input_names, per_epoch,
+                                         start_ckpt.properties.get(DATA_STATE) if resume is not None else None)
         batch_size = 0  # the iterable's batches decide; recorded as 0 in the checkpoint
         described = "batches from " + type(data).__name__ + (f", {per_epoch} per epoch" if per_epoch else "")
     total = epochs * per_epoch if per_epoch is not None else None
@@ -383,7 +389,8 @@ def run_training(
     metrics_path = pathlib.Path(metrics) if metrics is not None else out.with_name(out.name + ".metrics.jsonl")
     plot_path = pathlib.Path(plot) if plot is not None else out.with_name(out.name + ".loss.png")
     run = _Run(program, state, step, dict(start_ckpt.properties), int(seed), int(batch_size), out,
-               _open_metrics(metrics_path, resume is not None, step), eval_columns)
+               _open_metrics(metrics_path, resume is not None, step), eval_columns,
+               getattr(epoch_batches, "state", None))
     log(f"training {program.input_names} -> {program.output_names[0]}: {described}, {epochs} epoch(s)"
         + (f", resuming at step {step}" if resume is not None else ""))
     bar = tqdm(total=total, initial=step, unit="step", file=sys.stderr, disable=(not progress) if progress
@@ -479,20 +486,43 @@ def _iterable_length(data, epochs: int, steps_per_epoch: Optional[int], schedule
     return int(length)
 
 
-def _iterable_batches(data: Iterable, names: Sequence[str], per_epoch: Optional[int]) -> Callable:
-    """``batches(epoch, start)``: an iterable's batches, the first ``start`` of an epoch skipped."""
-    def batches(epoch: int, start: int):
-        seen = 0
-        for index, batch in enumerate(data):
-            if per_epoch is not None and index >= per_epoch:
+class _IterableBatches:
+    """``batches(epoch, start)``: an iterable's batches from batch ``start`` of an epoch on.
+
+    An iterator with ``get_state()`` / ``set_state(state)`` (grain's
+    ``DatasetIterator``) is put where a checkpoint's run stood by its own state
+    (:meth:`state`, saved as the ``jaxort.train.data_state`` property); any
+    other skips the batches before ``start``.
+    """
+
+    def __init__(self, data: Iterable, names: Sequence[str], per_epoch: Optional[int],
+                 resume_state: Optional[str] = None):
+        self.data, self.names, self.per_epoch = data, names, per_epoch
+        self.resume_state = resume_state
+        self.iterator = None
+
+    def state(self) -> Optional[str]:
+        """The current iterator's state as JSON, when it has one."""
+        get_state = getattr(self.iterator, "get_state", None)
+        return None if get_state is None else json.dumps(get_state())
+
+    def __call__(self, epoch: int, start: int):
+        self.iterator = it = iter(self.data)
+        skip = start
+        if start and self.resume_state is not None and hasattr(it, "set_state"):
+            it.set_state(json.loads(self.resume_state))
+            skip = 0
+        self.resume_state = None  # the resumed epoch only
+        seen = start - skip
+        for batch in it:
+            if self.per_epoch is not None and seen >= self.per_epoch:
                 return
-            seen = index + 1
-            if index >= start:
-                yield _batch_inputs(batch, names, index)
+            seen += 1
+            if seen > start:
+                yield _batch_inputs(batch, self.names, seen - 1)
         if seen < start:
             raise InputError(f"data ended after {seen} batches of epoch {epoch + 1}, before batch {start + 1}, "
                              "where the resumed run stood")
-    return batches
 
 
 def _batch_inputs(batch, names: Sequence[str], index: int) -> tuple:
@@ -557,6 +587,7 @@ class _Run:
     out: pathlib.Path
     metrics_file: IO[str]
     eval_columns: Optional[list]
+    data_state: Optional[Callable[[], Optional[str]]] = None
 
     def record(self, **fields) -> None:
         self.metrics_file.write(json.dumps(fields) + "\n")
@@ -566,6 +597,9 @@ class _Run:
         from jaxort import checkpoint as ckpt_io
 
         position = dict(zip(POSITION_PROPERTIES, (self.step, epoch, batch, self.seed, self.batch_size)))
+        state = self.data_state() if self.data_state is not None and batch else None
+        if state is not None:
+            position[DATA_STATE] = state
         ckpt_io.save(self.program.to_checkpoint(self.state, include_optimizer_state=True,
                                                 properties={**self.props, **position}), self.out,
                      include_optimizer_state=True)

@@ -87,3 +87,28 @@ def test_bad_iterables_and_batches_are_named(tmp_path):
         _run(batches[:2], tmp_path / "e", resume=part["checkpoint"])
     with pytest.raises(InputError, match="or an iterable of batches; got int"):
         _run(3, tmp_path / "f")
+
+
+def test_a_grain_dataset_resumes_from_its_own_saved_state(tmp_path):
+    grain = pytest.importorskip("grain")
+    from jaxort.train_loop import DATA_STATE
+
+    batches = _golden_batches()
+    read = []
+
+    def dataset():
+        def load(i):
+            read.append(i)
+            return batches[i]
+        return grain.MapDataset.range(len(batches)).map(load)
+
+    full = _run(dataset(), tmp_path / "full", epochs=2)
+    part = _run(dataset(), tmp_path / "part", epochs=2, stop_after=10)
+    saved = ckpt.load(part["checkpoint"])
+    assert json.loads(saved.properties[DATA_STATE]) == {"next_index": 4}  # epoch 2, batch 4
+    read.clear()
+    resumed = _run(dataset(), tmp_path / "part", epochs=2, resume=part["checkpoint"])
+    assert min(read) == 4  # set to its state: the batches before were not read again
+    assert _losses(resumed) == _losses(full)
+    for name, value in full["params"].items():
+        np.testing.assert_array_equal(resumed["params"][name], value)
