@@ -19,7 +19,7 @@ PUBLIC_MODULES = [
     "jaxort.training.artifacts.blocks", "jaxort.training.compiled", "jaxort.training.steps",
     "jaxort.training.pending", "jaxort.training.inputs", "jaxort.training.packing",
     "jaxort.training.session_state", "jaxort.training.process", "jaxort.training.optimizer_states",
-    "jaxort.graph.numerics",
+    "jaxort.graph.numerics", "jaxort.nnx", "jaxort.equinox",
 ]
 
 
