@@ -641,9 +641,10 @@ class JaxGraph:
 
         Runs the nodes the host ops need (``self.host.prefix``) as one
         compiled program (op by op where a host op reads another's outputs),
-        then the host ops on its concrete results, outside any ``jit``. Pass the result as ``host=``
-        to :meth:`apply` inside ``jit``: the compiled program then takes the
-        host ops' outputs as inputs, and compiles once per their shapes.
+        then the host ops on its concrete results, outside any ``jit``. Pass
+        the result as ``host=`` to :meth:`apply` inside ``jit``: the compiled
+        program then takes the host ops' outputs as inputs, and compiles
+        once per their shapes.
 
         Args:
           params: name -> array; only the parameters the prefix reads

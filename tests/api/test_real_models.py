@@ -50,8 +50,8 @@ MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "models"
 # The default run takes the models that compile fast and between them cover ORT's rewrites
 # of transformers (BiasGelu, FastGelu, ConcatTraining) and recurrent nets (LSTMTraining,
 # GRUTraining), the ops ORT cannot train (HardSwish, InstanceNormalization, Resize) and a
-# NonZero on the loss path (BART's pooling at its </s> tokens); the other CNNs (BatchNormInternal), BERT, DistilBERT, T5, Swin, Llama and DeBERTa (ScaledSum) take
-# 10-60 s each.
+# NonZero on the loss path (BART's pooling at its </s> tokens); the other CNNs (BatchNormInternal),
+# BERT, DistilBERT, T5, Swin, Llama and DeBERTa (ScaledSum) take 10-60 s each.
 FAST = ("gpt2", "vit", "lstm", "gru", "mlp_mixer", "unet", "levit", "wav2vec2", "bart")
 SLOW = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "distilbert", "t5", "swin", "llama",
         "densenet", "deberta")
