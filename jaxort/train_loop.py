@@ -303,10 +303,10 @@ def run_training(
         and labels), examples along the first axis. Or an iterable of
         batches (a list, a generator's iterator, a data loader), each a
         sequence of arrays in the model's input order or a mapping of input
-        name to array; its batches are trained as they come (``batch_size``,
-        ``seed`` and ``shuffle`` do not apply to them). An object iterated
-        anew each epoch (a list, a dataset) may run several epochs; a
-        one-shot iterator runs one. Resuming skips the batches the
+        name to array; its batches are trained as they come (``seed`` and
+        ``shuffle`` do not apply to them, ``batch_size`` only to
+        ``eval_data``). An object iterated anew each epoch (a list, a
+        dataset) may run several epochs; a one-shot iterator runs one. Resuming skips the batches the
         checkpoint's run had trained, so the iterable must give the same
         batches in the same order again; an iterator with ``get_state`` and
         ``set_state`` (a grain dataset's) is restored to its saved state
@@ -374,7 +374,6 @@ def run_training(
         per_epoch = _iterable_length(data, epochs, steps_per_epoch, schedule)
         epoch_batches = _IterableBatches(data, program.input_names, per_epoch,
                                          start_ckpt.properties.get(DATA_STATE) if resume is not None else None)
-        batch_size = 0  # the iterable's batches decide; recorded as 0 in the checkpoint
         described = "batches from " + type(data).__name__ + (f", {per_epoch} per epoch" if per_epoch else "")
     total = epochs * per_epoch if per_epoch is not None else None
     step = 0

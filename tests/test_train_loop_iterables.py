@@ -63,6 +63,18 @@ def test_epochs_of_a_list_and_an_exact_resume(tmp_path):
     assert _losses(resumed) == _losses(full)
 
 
+def test_eval_data_is_evaluated_in_batch_size_batches(tmp_path):
+    batches = _golden_batches()
+    with np.load(GOLDEN / "batches.npz") as f:
+        eval_x, eval_y = f["eval::input"], f["eval::labels"]
+    eval_path = tmp_path / "eval.npz"
+    np.savez(eval_path, input=eval_x, labels=eval_y)
+    calls = json.loads((GOLDEN / "trajectory.json").read_text())["calls"]
+    ort_eval = [c["result"]["loss"] for c in calls if c["call"] == "module.__call__" and c.get("mode") == "eval"]
+    result = _run(batches, tmp_path / "ck", eval_data=eval_path, batch_size=len(eval_x))
+    assert result["eval_loss"] == pytest.approx(ort_eval[-1], rel=1e-5)
+
+
 def test_steps_per_epoch_takes_the_first_batches_of_each_pass(tmp_path):
     batches = _golden_batches()
     result = _run(batches, tmp_path / "ck", epochs=2, steps_per_epoch=2)
