@@ -20,6 +20,7 @@ PUBLIC_MODULES = [
     "jaxort.training.pending", "jaxort.training.inputs", "jaxort.training.packing",
     "jaxort.training.session_state", "jaxort.training.process", "jaxort.training.optimizer_states",
     "jaxort.graph.numerics", "jaxort.nnx", "jaxort.equinox",
+    "jaxort.training.orbax",
 ]
 
 
