@@ -74,3 +74,33 @@ def with_initializers(model: onnx.ModelProto, values: Mapping) -> onnx.ModelProt
         if init.name in values:
             init.CopyFrom(tensor_from_numpy(np.asarray(values[init.name]), init.name))
     return out
+
+
+def weight_layout(model: onnx.ModelProto, name: str) -> bool:
+    """True when the MatMul/Gemm weight ``name`` is stored ``[out, in]``, False for ``[in, out]``.
+
+    Raises:
+      InputError: ``name`` is read by another op, a subgraph, or nothing.
+    """
+    layouts = set()
+    for node in model.graph.node:
+        op = node.op_type if normalize_domain(node.domain) == "" else f"{node.domain}::{node.op_type}"
+        if name in outer_reads(node):
+            raise InputError(f"lora: initializer {name!r} is read inside a subgraph of {op} node "
+                             f"{node.name!r}; LoRA applies to MatMul and Gemm weights")
+        for index, used in enumerate(node.input):
+            if used != name:
+                continue
+            if op == "MatMul" and index in (0, 1):
+                layouts.add(index == 0)  # W @ x contracts W's second axis
+            elif op == "Gemm" and index in (0, 1):
+                trans = next((a.i for a in node.attribute if a.name == ("transA", "transB")[index]), 0)
+                layouts.add(bool(trans) == (index == 1))
+            else:
+                raise InputError(f"lora: initializer {name!r} is input {index} of {op} node "
+                                 f"{node.name!r}; LoRA applies to MatMul and Gemm weights")
+    if not layouts:
+        raise InputError(f"lora: no MatMul or Gemm node reads initializer {name!r}")
+    if len(layouts) > 1:
+        raise InputError(f"lora: initializer {name!r} is read both as [in, out] and as [out, in]")
+    return layouts.pop()

@@ -35,6 +35,7 @@ from typing import Any, Optional, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import onnx
 
 try:
@@ -44,11 +45,11 @@ except ImportError as e:  # the optional module itself: say which extra brings e
         "jaxort.equinox needs equinox: pip install 'jaxort[equinox]' (or pip install equinox)") from e
 
 from jaxort import checkpoint
-from jaxort._onnx_modules import module_checkpoint, split_initializers, with_initializers
-from jaxort.errors import UnknownNameError
+from jaxort._onnx_modules import module_checkpoint, some, split_initializers, weight_layout, with_initializers
+from jaxort.errors import InputError, UnknownNameError
 from jaxort.graph import JaxGraph, load_model
 
-__all__ = ["OnnxModule", "trainable_filter"]
+__all__ = ["OnnxModule", "lora_filter", "trainable_filter"]
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
 
@@ -88,8 +89,10 @@ class OnnxModule(eqx.Module):
     Attributes:
       params: name -> trainable initializer (JAX arrays).
       frozen: name -> frozen initializer, read through ``stop_gradient``.
+      lora: weight name -> ``(A, B)``, the LoRA adapters :meth:`with_lora` added.
       inference: inference mode when True.
       graph: the :class:`~jaxort.graph.JaxGraph` (a static field).
+      lora_transposed: the adapted weights stored ``[out, in]`` (a static field).
 
     Raises:
       UnknownNameError: a name in ``params`` is not an initializer of the model.
@@ -103,8 +106,10 @@ class OnnxModule(eqx.Module):
 
     params: dict[str, jax.Array]
     frozen: dict[str, jax.Array]
+    lora: dict[str, tuple]
     inference: bool
     graph: JaxGraph = eqx.field(static=True)
+    lora_transposed: tuple = eqx.field(static=True)
 
     def __init__(self, model: ModelSource, *, params: Optional[Sequence[str]] = None,
                  fuse: bool = True, check: bool = True, inference: bool = True):
@@ -114,6 +119,8 @@ class OnnxModule(eqx.Module):
         initial = self.graph.params
         self.params = {n: jnp.asarray(initial[n]) for n in trainable}
         self.frozen = {n: jnp.asarray(initial[n]) for n in frozen}
+        self.lora = {}
+        self.lora_transposed = ()
         self.inference = inference
 
     def __call__(self, *inputs, training: Optional[bool] = None, rng=None):
@@ -158,6 +165,7 @@ class OnnxModule(eqx.Module):
             training = not self.inference
         values = dict(self.params)
         values.update((n, jax.lax.stop_gradient(v)) for n, v in self.frozen.items())
+        values.update(self._adapted(values))
         outputs, updates = self.graph.apply_with_updates(values, *inputs, rng=rng, training=bool(training))
         # Running statistics made trainable through params= are not written.
         updates = {n: v for n, v in updates.items() if n in self.frozen}
@@ -181,8 +189,68 @@ class OnnxModule(eqx.Module):
         return eqx.tree_at(lambda m: m.frozen, self, {**self.frozen, **updates})
 
     def values(self) -> dict[str, jax.Array]:
-        """Every initializer the graph takes, by name: trainable, then frozen."""
-        return {**self.params, **self.frozen}
+        """Every initializer the graph takes, by name: trainable, then frozen; LoRA merged."""
+        values = {**self.params, **self.frozen}
+        values.update(self._adapted(values))
+        return values
+
+    def _adapted(self, values: Mapping[str, jax.Array]) -> dict:
+        """Each adapted weight as ``W + A @ B`` (transposed for an ``[out, in]`` weight)."""
+        out = {}
+        for name, (a, b) in self.lora.items():
+            delta = a @ b
+            out[name] = values[name] + (delta.T if name in self.lora_transposed else delta).astype(values[name].dtype)
+        return out
+
+    def with_lora(self, names: Union[str, Sequence[str]], rank: int, *, key: jax.Array) -> "OnnxModule":
+        """A copy of the module with a LoRA adapter on each named MatMul or Gemm weight.
+
+        The weight ``W`` then computes as ``W + A @ B`` (transposed where the
+        weight is stored ``[out, in]``: a Gemm ``B`` with ``transB=1``, a Gemm
+        ``A`` with ``transA=0``, the first input of a MatMul), with ``A``
+        ``[in, rank]`` drawn He-uniform, as ``nnx.LoRA`` draws it, and ``B``
+        ``[rank, out]`` zero, so the outputs do not change until it trains.
+        ``eqx.partition(model, lora_filter(model))`` trains the adapters
+        alone; the exports merge each into its weight.
+
+        Args:
+          names: the initializer name(s) of 2-D floating-point weights read
+            only by MatMul or Gemm nodes (as an operand, not a bias).
+          rank: the adapters' rank.
+          key: the PRNG key ``A`` is drawn from.
+
+        Returns:
+          The new module.
+
+        Raises:
+          UnknownNameError: a name that is not an initializer of the module.
+          InputError: a weight that is not 2-D, already has an adapter, or is
+            read by another op (the message names the node); a rank below 1.
+        """
+        names = [names] if isinstance(names, str) else list(dict.fromkeys(names))
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
+            raise InputError(f"lora: rank must be a positive integer, got {rank!r}")
+        current = {**self.params, **self.frozen}
+        unknown = [n for n in names if n not in current]
+        if unknown:
+            raise UnknownNameError(f"lora: {unknown} are not floating-point initializers of the module; its "
+                                   f"parameters are {some(self.params)}")
+        adapters, transposed = dict(self.lora), list(self.lora_transposed)
+        for name, subkey in zip(names, jax.random.split(key, len(names))):
+            weight = current[name]
+            if weight.ndim != 2:
+                raise InputError(f"lora: initializer {name!r} has shape {tuple(weight.shape)}; "
+                                 "LoRA needs a 2-D weight")
+            if name in adapters:
+                raise InputError(f"lora: initializer {name!r} already has a LoRA adapter")
+            if weight_layout(self.graph.model, name):
+                transposed.append(name)
+            out_features, in_features = weight.shape if name in transposed else weight.shape[::-1]
+            a = jax.nn.initializers.he_uniform()(subkey, (in_features, int(rank)), weight.dtype)
+            adapters[name] = (a, jnp.zeros((int(rank), out_features), weight.dtype))
+        module = eqx.tree_at(lambda m: m.lora, self, adapters)
+        object.__setattr__(module, "lora_transposed", tuple(transposed))  # a static field: not a leaf
+        return module
 
     def to_checkpoint(self, properties: Optional[Mapping[str, Any]] = None) -> checkpoint.Checkpoint:
         """The module's values as an ONNX Runtime Training checkpoint state.
@@ -246,5 +314,30 @@ def trainable_filter(model: Any) -> Any:
         if not leaf.frozen:
             return marked
         return eqx.tree_at(lambda m: m.frozen, marked, {n: False for n in leaf.frozen})
+
+    return jax.tree.map(spec, model, is_leaf=lambda x: isinstance(x, OnnxModule))
+
+
+def lora_filter(model) -> Any:
+    """The ``eqx.partition`` filter spec that trains the LoRA adapters (:meth:`OnnxModule.with_lora`) alone.
+
+    True for the ``A`` and ``B`` arrays of every :class:`OnnxModule` in
+    ``model``, wherever nested; False for every other leaf.
+
+    Args:
+      model: a pytree, e.g. a user's ``eqx.Module`` holding OnnxModules.
+
+    Returns:
+      A pytree of bools with the structure of ``model``.
+
+    Example:
+      >>> tuned = module.with_lora(["fc.weight"], 4, key=jax.random.key(0))  # doctest: +SKIP
+      >>> train, rest = eqx.partition(tuned, lora_filter(tuned))            # doctest: +SKIP
+    """
+    def spec(leaf):
+        marked = jax.tree.map(lambda _: False, leaf)
+        if isinstance(leaf, OnnxModule) and leaf.lora:
+            marked = eqx.tree_at(lambda m: m.lora, marked, jax.tree.map(eqx.is_inexact_array, leaf.lora))
+        return marked
 
     return jax.tree.map(spec, model, is_leaf=lambda x: isinstance(x, OnnxModule))

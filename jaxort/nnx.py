@@ -40,9 +40,9 @@ except ImportError as e:  # the optional module itself: say which extra brings f
         "jaxort.nnx needs flax: pip install 'jaxort[flax]' (or pip install flax)") from e
 
 from jaxort import checkpoint
-from jaxort._onnx_modules import module_checkpoint, some, split_initializers, with_initializers
+from jaxort._onnx_modules import module_checkpoint, some, split_initializers, weight_layout, with_initializers
 from jaxort.errors import InputError, UnknownNameError
-from jaxort.graph import JaxGraph, load_model, normalize_domain, outer_reads
+from jaxort.graph import JaxGraph, load_model
 
 __all__ = ["OnnxFrozen", "OnnxModule"]
 
@@ -223,7 +223,7 @@ class OnnxModule(nnx.Module):
                 raise InputError(f"lora: initializer {name!r} has shape {tuple(shape)}; LoRA needs a 2-D weight")
             if name in self.lora_adapters:
                 raise InputError(f"lora: initializer {name!r} already has a LoRA adapter")
-            if _weight_layout(self.graph.model, name):
+            if weight_layout(self.graph.model, name):
                 transposed.append(name)
         for name in names:
             weight = current[name].get_value()
@@ -273,33 +273,3 @@ class OnnxModule(nnx.Module):
     def save_onnx(self, path: Union[str, os.PathLike]) -> None:
         """Writes :meth:`to_onnx` to ``path`` (``onnx.save``)."""
         onnx.save(self.to_onnx(), os.fspath(path))
-
-
-def _weight_layout(model: onnx.ModelProto, name: str) -> bool:
-    """True when the MatMul/Gemm weight ``name`` is stored ``[out, in]``, False for ``[in, out]``.
-
-    Raises:
-      InputError: ``name`` is read by another op, a subgraph, or nothing.
-    """
-    layouts = set()
-    for node in model.graph.node:
-        op = node.op_type if normalize_domain(node.domain) == "" else f"{node.domain}::{node.op_type}"
-        if name in outer_reads(node):
-            raise InputError(f"lora: initializer {name!r} is read inside a subgraph of {op} node "
-                             f"{node.name!r}; LoRA applies to MatMul and Gemm weights")
-        for index, used in enumerate(node.input):
-            if used != name:
-                continue
-            if op == "MatMul" and index in (0, 1):
-                layouts.add(index == 0)  # W @ x contracts W's second axis
-            elif op == "Gemm" and index in (0, 1):
-                trans = next((a.i for a in node.attribute if a.name == ("transA", "transB")[index]), 0)
-                layouts.add(bool(trans) == (index == 1))
-            else:
-                raise InputError(f"lora: initializer {name!r} is input {index} of {op} node "
-                                 f"{node.name!r}; LoRA applies to MatMul and Gemm weights")
-    if not layouts:
-        raise InputError(f"lora: no MatMul or Gemm node reads initializer {name!r}")
-    if len(layouts) > 1:
-        raise InputError(f"lora: initializer {name!r} is read both as [in, out] and as [out, in]")
-    return layouts.pop()

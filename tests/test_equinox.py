@@ -27,7 +27,7 @@ import optax  # noqa: E402
 
 from jaxort import checkpoint  # noqa: E402
 from jaxort.errors import InputError, UnknownNameError  # noqa: E402
-from jaxort.equinox import OnnxModule, trainable_filter  # noqa: E402
+from jaxort.equinox import OnnxModule, lora_filter, trainable_filter  # noqa: E402
 from jaxort.graph import JaxGraph  # noqa: E402
 from _onnx_module_cases import (  # noqa: E402  (tests/_onnx_module_cases.py)
     B1, B2, RESNET, W1, W2, core_losses, cross_entropy, mlp_batches, mlp_model, resnet_batches)
@@ -205,3 +205,44 @@ def test_missing_equinox_is_a_clear_import_error():
         [sys.executable, "-c", "import sys; sys.modules['equinox'] = None; import jaxort.equinox"],
         capture_output=True, text=True)
     assert blocked.returncode != 0 and "pip install 'jaxort[equinox]'" in blocked.stderr
+
+
+def test_lora_trains_only_the_adapters_and_the_exports_merge_them():
+    base = OnnxModule(mlp_model())
+    module = base.with_lora([W1, W2], 2, key=jax.random.key(0))
+    # W1 is a Gemm weight stored [out, in] (transB=1), W2 a MatMul weight [in, out].
+    assert [a.shape for a in module.lora[W1]] == [(4, 2), (2, 8)] and W1 in module.lora_transposed
+    assert [a.shape for a in module.lora[W2]] == [(8, 2), (2, 3)] and W2 not in module.lora_transposed
+    xs, ys = mlp_batches()
+    np.testing.assert_array_equal(module(xs[0]), base(xs[0]))  # B starts at zero
+    train, rest = eqx.partition(module, lora_filter(module))
+    tx = optax.sgd(0.5)
+    opt_state = tx.init(train)
+
+    @eqx.filter_jit
+    def step(train, opt_state, x, y):
+        loss, grads = eqx.filter_value_and_grad(lambda t: cross_entropy(eqx.combine(t, rest)(x), y))(train)
+        updates, opt_state = tx.update(grads, opt_state)
+        return eqx.apply_updates(train, updates), opt_state, loss
+
+    losses = []
+    for x, y in zip(xs, ys):
+        train, opt_state, loss = step(train, opt_state, x, y)
+        losses.append(float(loss))
+    tuned = eqx.combine(train, rest)
+    assert losses[-1] < losses[0]
+    for name in base.params:  # the base weights did not move ...
+        np.testing.assert_array_equal(tuned.params[name], base.params[name])
+    for name in (W1, W2):  # ... the adapters did
+        assert not np.array_equal(tuned.lora[name][1], module.lora[name][1])
+    merged = tuned.to_checkpoint().trainable
+    a, b = (np.asarray(v) for v in tuned.lora[W1])
+    np.testing.assert_allclose(merged[W1], np.asarray(base.params[W1]) + (a @ b).T, rtol=1e-6, atol=1e-7)
+    a, b = (np.asarray(v) for v in tuned.lora[W2])
+    np.testing.assert_allclose(merged[W2], np.asarray(base.params[W2]) + a @ b, rtol=1e-6, atol=1e-7)
+    exported = JaxGraph(tuned.to_onnx())
+    np.testing.assert_allclose(exported.apply(exported.params, xs[0])[0], tuned(xs[0]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputError, match=f"lora: initializer '{W1}' already has a LoRA adapter"):
+        tuned.with_lora(W1, 2, key=jax.random.key(1))
+    with pytest.raises(InputError, match=f"lora: initializer '{B1}' has shape"):
+        base.with_lora(B1, 2, key=jax.random.key(1))
