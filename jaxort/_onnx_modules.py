@@ -104,3 +104,20 @@ def weight_layout(model: onnx.ModelProto, name: str) -> bool:
     if len(layouts) > 1:
         raise InputError(f"lora: initializer {name!r} is read both as [in, out] and as [out, in]")
     return layouts.pop()
+
+
+def lora_names(names, rank, available, params) -> list:
+    """The weight names of a LoRA request, checked: ``names`` (one or several) and ``rank``.
+
+    Raises:
+      InputError: a rank that is not a positive integer.
+      UnknownNameError: a name not in ``available`` (the module's initializers).
+    """
+    names = [names] if isinstance(names, str) else list(dict.fromkeys(names))
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
+        raise InputError(f"lora: rank must be a positive integer, got {rank!r}")
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise UnknownNameError(f"lora: {unknown} are not floating-point initializers of the module; its "
+                               f"parameters are {some(params)}")
+    return names

@@ -35,7 +35,6 @@ from typing import Any, Optional, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import onnx
 
 try:
@@ -45,7 +44,7 @@ except ImportError as e:  # the optional module itself: say which extra brings e
         "jaxort.equinox needs equinox: pip install 'jaxort[equinox]' (or pip install equinox)") from e
 
 from jaxort import checkpoint
-from jaxort._onnx_modules import module_checkpoint, some, split_initializers, weight_layout, with_initializers
+from jaxort._onnx_modules import lora_names, module_checkpoint, split_initializers, weight_layout, with_initializers
 from jaxort.errors import InputError, UnknownNameError
 from jaxort.graph import JaxGraph, load_model
 
@@ -227,14 +226,8 @@ class OnnxModule(eqx.Module):
           InputError: a weight that is not 2-D, already has an adapter, or is
             read by another op (the message names the node); a rank below 1.
         """
-        names = [names] if isinstance(names, str) else list(dict.fromkeys(names))
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
-            raise InputError(f"lora: rank must be a positive integer, got {rank!r}")
         current = {**self.params, **self.frozen}
-        unknown = [n for n in names if n not in current]
-        if unknown:
-            raise UnknownNameError(f"lora: {unknown} are not floating-point initializers of the module; its "
-                                   f"parameters are {some(self.params)}")
+        names = lora_names(names, rank, current, self.params)
         adapters, transposed = dict(self.lora), list(self.lora_transposed)
         for name, subkey in zip(names, jax.random.split(key, len(names))):
             weight = current[name]

@@ -30,7 +30,6 @@ from typing import Any, Optional, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import onnx
 
 try:
@@ -40,8 +39,8 @@ except ImportError as e:  # the optional module itself: say which extra brings f
         "jaxort.nnx needs flax: pip install 'jaxort[flax]' (or pip install flax)") from e
 
 from jaxort import checkpoint
-from jaxort._onnx_modules import module_checkpoint, some, split_initializers, weight_layout, with_initializers
-from jaxort.errors import InputError, UnknownNameError
+from jaxort._onnx_modules import lora_names, module_checkpoint, split_initializers, weight_layout, with_initializers
+from jaxort.errors import InputError
 from jaxort.graph import JaxGraph, load_model
 
 __all__ = ["OnnxFrozen", "OnnxModule"]
@@ -207,15 +206,8 @@ class OnnxModule(nnx.Module):
           >>> module.lora(["fc.weight"], 4, rngs=nnx.Rngs(0))              # doctest: +SKIP
           >>> optimizer = nnx.Optimizer(module, optax.adam(1e-3), wrt=nnx.LoRAParam)  # doctest: +SKIP
         """
-        names = [names] if isinstance(names, str) else list(dict.fromkeys(names))
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
-            raise InputError(f"lora: rank must be a positive integer, got {rank!r}")
         current = {**self.params, **self.frozen}
-        unknown = [n for n in names if n not in current]
-        if unknown:
-            raise UnknownNameError(
-                f"lora: {unknown} are not floating-point initializers of the module; its "
-                f"parameters are {some(self.params)}")
+        names = lora_names(names, rank, current, self.params)
         transposed = []
         for name in names:
             shape = current[name].get_value().shape
