@@ -92,6 +92,7 @@ def main():
             mngr = jo.manager(pathlib.Path(tmp) / f"run{saved_on}", max_to_keep=2)
             state, losses = steps(prog, fresh(saved_on == "8"), arrays, 0, 3)
             saved = host(state)
+            treedef = jax.tree.structure(state)
             started = jo.save(mngr, 3, state, PROPERTIES)
             # Training goes on while the files are written: the steps donate `state`'s buffers.
             _, going_on = steps(prog, state, arrays, 3, 5)
@@ -102,6 +103,10 @@ def main():
                 restored = host(back)
                 back_specs = specs(back) if restored_on == "8" else None
                 cont, more = steps(prog, back, arrays, 3, 5)
+                # The same state moved there without orbax (a host copy of the saved leaves), trained on.
+                moved = jax.tree.unflatten(treedef, [np.array(x) for x in saved])
+                moved = shard(moved, mesh, "fsdp") if restored_on == "8" else jax.device_put(moved)
+                direct, direct_losses = steps(prog, moved, arrays, 3, 5)
                 ref, ref_losses = (ref8, ref8_losses) if restored_on == "8" else (ref1, ref1_losses)
                 conts[f"{saved_on}->{restored_on}"] = (cont, more)
                 out[f"{saved_on}->{restored_on}"] = {
@@ -115,6 +120,7 @@ def main():
                     "step": int(cont.step),
                     "losses_equal": losses + more == ref_losses,
                     "state_equal": same(cont, ref),
+                    "direct_equal": more == direct_losses and same(cont, direct),
                     "loss_rel": rel(losses + more, ref_losses),
                     "excess": excess(cont, ref),
                     "loss_rel_vs_8": rel(losses + more, ref8_losses),
