@@ -4,10 +4,12 @@
 jaxort's) with the functional core (:class:`jaxort.training.TrainProgram`) on
 arrays from an ``.npz`` file whose names are the model's inputs, or from a
 directory of ``<input name>.npy`` files whose rows are read a batch at a
-time (:class:`NpyRows`: data larger than memory): shuffled fixed-size
-batches, a progress bar (tqdm), periodic evaluation, checkpoints every N
-steps (atomic, as :func:`jaxort.checkpoint.save` writes them), a JSON lines
-metrics log, a loss-curve PNG, and a checkpoint on Ctrl-C.
+time (:class:`NpyRows`: data larger than memory), or from any iterable of
+batches given in Python (a list, a data loader, a grain dataset): shuffled
+fixed-size batches of arrays, a progress bar (tqdm), periodic evaluation,
+checkpoints every N steps (atomic, as :func:`jaxort.checkpoint.save` writes
+them), a JSON lines metrics log, a loss-curve PNG, and a checkpoint on
+Ctrl-C.
 
 Resuming is exact. A checkpoint written here holds the optimizer state and,
 as integer properties, where the run stood (``jaxort.train.step``,
@@ -306,11 +308,11 @@ def run_training(
         name to array; its batches are trained as they come (``seed`` and
         ``shuffle`` do not apply to them, ``batch_size`` only to
         ``eval_data``). An object iterated anew each epoch (a list, a
-        dataset) may run several epochs; a one-shot iterator runs one. Resuming skips the batches the
-        checkpoint's run had trained, so the iterable must give the same
-        batches in the same order again; an iterator with ``get_state`` and
-        ``set_state`` (a grain dataset's) is restored to its saved state
-        instead.
+        dataset) may run several epochs; a one-shot iterator runs one.
+        Resuming skips the batches the checkpoint's run had trained, so the
+        iterable must give the same batches in the same order again; an
+        iterator with ``get_state`` and ``set_state`` (a grain dataset's) is
+        restored to its saved state instead.
       epochs: passes over ``data``.
       batch_size: examples per step.
       learning_rate: the (peak) learning rate; default the checkpoint's

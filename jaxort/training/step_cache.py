@@ -119,7 +119,7 @@ def _signature(args: tuple) -> str:
 
 
 class CachedStep:
-    """A compiled step read from, or saved to, the step cache on its first call.
+    """A compiled step read from, or saved to, the step cache on its first call with each argument signature.
 
     Args:
       fn: the step as traced (``fn(state, *args)``, the state first).
