@@ -46,7 +46,7 @@ except ImportError as e:  # the optional module itself: say which extra brings e
 from jaxort import checkpoint
 from jaxort._onnx_modules import lora_names, module_checkpoint, split_initializers, weight_layout, with_initializers
 from jaxort.errors import InputError, UnknownNameError
-from jaxort.graph import JaxGraph, load_model
+from jaxort.graph import JaxGraph, load_model, save_model
 
 __all__ = ["OnnxModule", "lora_filter", "trainable_filter"]
 
@@ -279,8 +279,11 @@ class OnnxModule(eqx.Module):
         return with_initializers(self.graph.model, self.values())
 
     def save_onnx(self, path: Union[str, os.PathLike]) -> None:
-        """Writes :meth:`to_onnx` to ``path`` (``onnx.save``)."""
-        onnx.save(self.to_onnx(), os.fspath(path))
+        """Writes :meth:`to_onnx` to ``path``, crash-safely (``jaxort.graph.save_model``).
+
+        A model over 2 GiB keeps its tensors in ``<file name>.data`` beside it.
+        """
+        save_model(self.to_onnx(), path)
 
 
 def trainable_filter(model: Any) -> Any:

@@ -33,7 +33,7 @@ import onnx
 from jaxort import checkpoint as _ckpt
 from jaxort import training as _training
 from jaxort.errors import InputError, StateError, UnknownNameError
-from jaxort.graph import resolve_device
+from jaxort.graph import resolve_device, save_model
 from jaxort._checkpoint_handle import CheckpointHandle
 from jaxort.training.session_state import SessionCell
 
@@ -319,10 +319,11 @@ class TrainingSession:
         """Writes the inference model: the eval graph up to the named outputs (ExportModelForInferencing).
 
         Labels and the loss are removed and the current parameters become
-        initializers; the file loads in ``onnxruntime.InferenceSession``.
+        initializers; the file loads in ``onnxruntime.InferenceSession``. A
+        model over 2 GiB keeps its tensors in ``<file name>.data`` beside it.
         StateError without an eval model; TrainingError for an unknown output.
         """
-        onnx.save(self._read(lambda st: st.export_model(graph_output_names)), os.fspath(inference_model_path))
+        save_model(self._read(lambda st: st.export_model(graph_output_names)), inference_model_path)
 
     def set_seed(self, seed: int) -> None:
         """Reseeds this session's random training-mode ops (Dropout)."""

@@ -50,6 +50,7 @@ LAYER_OF_PATH = {
     "checkpoint/": "format",
     "_fbs/": "format",
     "dtypes.py": "format",
+    "external_data.py": "format",
     "errors.py": "format",
     "__init__.py": "format",  # its submodules load lazily, by importlib
     "graph/": "graph",

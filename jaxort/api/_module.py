@@ -20,7 +20,7 @@ from jaxort import training as _training
 from jaxort.api._checkpoint_state import CheckpointState
 from jaxort.api._ortvalue import OrtValue
 from jaxort.errors import ArgumentTypeError, InputError, StateError
-from jaxort.graph import resolve_device
+from jaxort.graph import resolve_device, save_model
 
 __all__ = ["LinearLRScheduler", "Module", "Optimizer"]
 
@@ -212,12 +212,15 @@ class Module:
                                      graph_output_names: Sequence[str]) -> None:
         """Writes an inference model: the eval graph up to ``graph_output_names``, parameters baked in.
 
+        A model over 2 GiB is written with its tensors in ``<file name>.data``
+        beside it (``jaxort.graph.save_model``), which onnxruntime loads.
+
         Raises:
           StateError: no eval model.
           TrainingError: an unknown output name.
         """
         path, names = _output_path(inference_model_uri), _names(graph_output_names)
-        onnx.save(self._read(lambda st: st.export_model(names)), path)
+        save_model(self._read(lambda st: st.export_model(names)), path)
 
     def input_names(self) -> list[str]:
         """User inputs then labels of the training model (eval model in eval mode)."""

@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from jaxort.external_data import EXTERNAL, external_bytes
 from jaxort.dtypes import to_onnx_type
 from jaxort.errors import CheckpointError
 
@@ -67,9 +68,18 @@ def _proto_record(proto: Any, what: str, nominal: bool) -> tuple[TensorRecord, i
     size = proto.ByteSize()
     if nominal:
         return TensorRecord(name, code, shape, None), size
-    if proto.data_location == 1:  # TensorProto.EXTERNAL
-        raise CheckpointError(f"{what} keeps its data in an external file; load the model with its data first")
     count = math.prod(shape)
+    if proto.data_location == EXTERNAL:
+        if code == STRING:
+            raise CheckpointError(f"{what}: a string tensor cannot keep external data")
+        try:  # memory-mapped: the writer streams it to the file
+            data = memoryview(external_bytes(proto, count * SUPPORTED_DTYPES[code].itemsize))
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{what}: its external data cannot be read: {e}") from None
+        # ORT compares the threshold with the size of the proto holding its data (raw_data: tag,
+        # length prefix and bytes), not of the reference to it.
+        size += 1 + _varint_size(data.nbytes) + data.nbytes
+        return TensorRecord(name, code, shape, data, doc), size
     if code == STRING:
         strings = _string_items(np.asarray(list(proto.string_data), dtype=object), what)
         if len(strings) != count:
@@ -87,6 +97,10 @@ def _proto_record(proto: Any, what: str, nominal: bool) -> tuple[TensorRecord, i
     if data.nbytes != nbytes:
         raise CheckpointError(f"{what}: {data.nbytes} data bytes but dims {list(shape)} need {nbytes}")
     return TensorRecord(name, code, shape, data, doc), size
+
+
+def _varint_size(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
 
 
 def save_tensors(
@@ -115,8 +129,9 @@ def save_tensors(
 
     Raises:
       CheckpointError: arguments of the wrong type, duplicate names,
-        unsupported types, data that does not match dims, protos with
-        external data, or an OS error.
+        unsupported types, data that does not match dims, external data
+        that cannot be read (it is memory-mapped, not loaded), or an OS
+        error.
     """
     path = check_path(path)
     nominal = check_flag(nominal, "nominal")

@@ -19,9 +19,12 @@ from jaxort.graph._device import resolve_device
 from jaxort.graph._host import HOST_OPS, HostPlan
 from jaxort.graph._inputs import check_input
 from jaxort.graph._model import (
+    MAX_MODEL_BYTES,
+    check_model,
     default_opset,
     load_model,
     numpy_dtype,
+    save_model,
     tensor_from_numpy,
     tensor_to_numpy,
 )
@@ -42,6 +45,7 @@ from jaxort.graph._values import NodeKey, OpContext, is_static, static, static_i
 __all__ = [
     "HOST_OPS",
     "HostPlan",
+    "MAX_MODEL_BYTES",
     "JaxGraph",
     "NodeKey",
     "OpContext",
@@ -51,6 +55,7 @@ __all__ = [
     "backward_slice",
     "check_graph_structure",
     "check_input",
+    "check_model",
     "compilation_cache_dir",
     "default_opset",
     "is_static",
@@ -63,6 +68,7 @@ __all__ = [
     "register",
     "registered",
     "resolve_device",
+    "save_model",
     "set_compilation_cache",
     "static",
     "static_ints",

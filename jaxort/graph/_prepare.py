@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 # _registry.lookup is read at each call, so that a test may plant a handler by patching it.
 import jaxort.graph._registry as _registry
@@ -37,7 +37,7 @@ def _tensor_to_numpy(t: onnx.TensorProto) -> np.ndarray:
 def _sparse_to_numpy(sp: onnx.SparseTensorProto) -> np.ndarray:
     values = _tensor_to_numpy(sp.values)
     dense = np.zeros(tuple(sp.dims), dtype=values.dtype)
-    idx = numpy_helper.to_array(sp.indices)
+    idx = tensor_to_numpy(sp.indices)
     if idx.ndim == 1:
         dense.reshape(-1)[idx] = values
     else:

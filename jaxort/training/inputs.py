@@ -18,7 +18,7 @@ import onnx
 
 from jaxort.dtypes import to_numpy_dtype
 from jaxort.errors import InputError, JaxortError
-from jaxort.graph import JaxGraph, check_input, normalize_domain
+from jaxort.graph import JaxGraph, check_input, normalize_domain, tensor_to_numpy
 from jaxort.training.artifacts import read as ort_artifacts
 from jaxort.training.layout import ParameterLayout
 
@@ -77,7 +77,7 @@ def _label_checks(model: onnx.ModelProto, user_inputs) -> list:
                 if attr.name == "ignore_index":
                     ignore = int(attr.i)
         elif len(node.input) > slot and node.input[slot] in constants:
-            ignore = int(onnx.numpy_helper.to_array(constants[node.input[slot]]).reshape(()))
+            ignore = int(tensor_to_numpy(constants[node.input[slot]]).reshape(()))
         checks.append((source, node.input[0], ignore))
     return checks
 

@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from jaxort.errors import TrainingError
-from jaxort.graph import normalize_domain, tensor_from_numpy
+from jaxort.graph import normalize_domain, tensor_from_numpy, tensor_to_numpy
 
 __all__ = ["FLOAT32_OPS", "Policy", "bfloat16_policy", "cast_model", "compute_names", "float32_nodes"]
 
@@ -105,7 +105,7 @@ def _retype(type_proto: onnx.TypeProto, to: int) -> None:
 def _cast_tensor(t: onnx.TensorProto, dtype: np.dtype) -> onnx.TensorProto:
     if t.data_type != TensorProto.FLOAT:
         return t
-    return tensor_from_numpy(numpy_helper.to_array(t).astype(dtype), t.name)
+    return tensor_from_numpy(tensor_to_numpy(t).astype(dtype), t.name)
 
 
 def _cast_graph(graph: onnx.GraphProto, dtype: np.dtype) -> None:

@@ -8,7 +8,8 @@ gradient buffers and the gradient graph added. Kept apart from ``generate``
 so that the blocks, which ``generate`` builds its losses and optimizer
 models with, import no module that imports them.
 
-Part of the training layer: it imports onnx and the gradient graph only.
+Part of the training layer: it imports onnx, the graph layer's checker and the
+gradient graph only.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Optional
 import onnx
 from onnx import TensorProto, helper
 
-from jaxort.errors import NoGradientGraphWarning, TrainingError
+from jaxort.errors import ModelError, NoGradientGraphWarning, TrainingError
+from jaxort.graph import check_model
 from jaxort.training.artifacts.export import trim_inference_batchnorm_outputs
 from jaxort.training.artifacts.gradient import add_gradient_graph, to_batch_norm_internal
 from jaxort.training.artifacts.read import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX, LAZY_RESET_GRAD
@@ -48,8 +50,8 @@ def check_generated(model: onnx.ModelProto, what: str) -> None:
       TrainingError: the model is not valid ONNX.
     """
     try:
-        onnx.checker.check_model(model, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        check_model(model, full_check=True)
+    except ModelError as e:
         raise TrainingError(f"the generated {what} is not a valid ONNX model: {e}") from e
 
 

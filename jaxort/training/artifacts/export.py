@@ -19,10 +19,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from jaxort.dtypes import to_numpy_dtype
-from jaxort.errors import InputError, TrainingError
+from jaxort.dtypes import to_numpy_dtype, to_onnx_type
+from jaxort.errors import InputError, ModelError, TrainingError
 from jaxort.graph import (
     backward_slice,
+    check_model,
     check_graph_structure,
     load_model,
     normalize_domain,
@@ -75,6 +76,18 @@ def _param_array(name: str, value, vi: onnx.ValueInfoProto) -> np.ndarray:
             raise InputError(
                 f"parameter {name!r}: expected shape {tuple(dims)}, given {arr.shape}")
     return arr
+
+
+def _add_initializer(graph: onnx.GraphProto, name: str, arr: np.ndarray) -> None:
+    """Appends ``arr`` as an initializer, its bytes copied once into the graph (not via a second proto)."""
+    if arr.dtype.kind not in "biuf" or arr.dtype.itemsize not in (1, 2, 4, 8) or arr.dtype.names:
+        graph.initializer.append(tensor_from_numpy(arr, name))  # narrow, complex and string types
+        return
+    code = to_onnx_type(arr.dtype)
+    tensor = graph.initializer.add()
+    tensor.name, tensor.data_type = name, code
+    tensor.dims.extend(arr.shape)
+    tensor.raw_data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
 
 
 def export_model_for_inferencing(
@@ -150,8 +163,7 @@ def export_model_for_inferencing(
         if vi.name not in needed:
             continue
         if vi.name in params:
-            arr = _param_array(vi.name, params[vi.name], vi)
-            new_params.append(tensor_from_numpy(arr, vi.name))
+            new_params.append((vi.name, _param_array(vi.name, params[vi.name], vi)))
         else:
             new_inputs.append(vi)
     constants = [t for t in graph.initializer if t.name in needed and t.name not in inputs]
@@ -164,7 +176,9 @@ def export_model_for_inferencing(
     del graph.input[:]
     graph.input.extend(new_inputs)
     del graph.initializer[:]
-    graph.initializer.extend(new_params + constants)
+    for name, arr in new_params:
+        _add_initializer(graph, name, arr)
+    graph.initializer.extend(constants)
     del graph.output[:]
     graph.output.extend(outputs)
     del graph.value_info[:]
@@ -173,7 +187,7 @@ def export_model_for_inferencing(
     del model.metadata_props[:]
     model.metadata_props.extend(kept_props)
     try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as e:
+        check_model(model)
+    except ModelError as e:
         raise TrainingError(f"the exported inference model is invalid: {e}") from e
     return model

@@ -52,7 +52,7 @@ from onnx import TensorProto
 
 from jaxort import checkpoint as _ckpt
 from jaxort.errors import TrainingError
-from jaxort.graph import check_graph_structure, default_opset, load_model
+from jaxort.graph import check_graph_structure, default_opset, load_model, save_model
 from jaxort.training.artifacts.assemble import (
     FLOAT_TYPES,
     NO_GRADIENT_OP,
@@ -434,13 +434,13 @@ def generate_artifacts(
     paths = {k: out_dir / f"{prefix}{k}" for k in (
         "training_model.onnx", "eval_model.onnx", "checkpoint", "nominal_checkpoint",
         "optimizer_model.onnx")}
-    onnx.save(built.training_model, paths["training_model.onnx"])
-    onnx.save(built.eval_model, paths["eval_model.onnx"])
+    save_model(built.training_model, paths["training_model.onnx"])
+    save_model(built.eval_model, paths["eval_model.onnx"])
     _ckpt.save_tensors(built.trainable, built.frozen, paths["checkpoint"], nominal=False)
     if nominal_checkpoint:
         _ckpt.save_tensors(built.trainable, built.frozen, paths["nominal_checkpoint"], nominal=True)
     if opt is not None:
-        onnx.save(opt, paths["optimizer_model.onnx"])
+        save_model(opt, paths["optimizer_model.onnx"])
     custom = _is_jax_loss(loss)
     return Artifacts(
         training_model=paths["training_model.onnx"],
