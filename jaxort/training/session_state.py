@@ -197,6 +197,13 @@ def _not_a_state(value) -> None:
     raise TypeError(f"a session update must return a SessionState, got {type(value).__name__}")
 
 
+def _shapes_only(checkpoint: ckpt.Checkpoint) -> ckpt.Checkpoint:
+    """``checkpoint`` with each parameter's data replaced by its shape and dtype (not made nominal)."""
+    def shapes(params):
+        return {k: ckpt.NominalTensor(tuple(v.shape), np.dtype(v.dtype)) for k, v in params.items()}
+    return checkpoint.replace(trainable=shapes(checkpoint.trainable), frozen=shapes(checkpoint.frozen))
+
+
 class SessionState(NamedTuple):
     """A checkpoint state, and the session over it when there is one (an immutable value).
 
@@ -434,6 +441,9 @@ class SessionState(NamedTuple):
         train = None
         if not base.checkpoint.is_nominal:
             train = base._place(program.init_state(base.checkpoint, seed=seed))
+            # The session holds the values now; the checkpoint keeps their names, shapes and
+            # types, so that a model's weights are not held twice (detach reads them back).
+            base = base.replace(checkpoint=_shapes_only(base.checkpoint))
         return base.replace(program=program, train=train, owner=owner,
                             seed=seed, seed_generation=generation, has_grads=False, accumulating=False,
                             schedule=None, optimizer_owner=None)
