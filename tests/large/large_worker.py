@@ -34,12 +34,20 @@ STEPS = 3
 NAMES = ("W0", "W1", "W2", "W3")
 
 
-def _peak_rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
+def _status_bytes(field: str) -> int:
+    """A size field of /proc/self/status (VmHWM: peak RSS, VmRSS: RSS), in bytes; 0 where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return 0
+
+
+def _peak_rss() -> int:
+    return _status_bytes("VmHWM")
 
 
 def _reset_peak() -> None:
@@ -51,11 +59,7 @@ def _reset_peak() -> None:
 
 
 def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _status_bytes("VmRSS")
 
 
 def _weight(i: int, dim: int, rows: slice = slice(None)) -> np.ndarray:
