@@ -262,3 +262,30 @@ def test_nominal_checkpoint_and_load_to_model_with_external_data(external, tmp_p
     x = _x()
     (y,) = ort.InferenceSession(str(tmp_path / "merged.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(y, _reference(x, trained), rtol=1e-5, atol=1e-5)
+
+
+def test_generate_artifacts_writes_models_over_the_limit_with_external_data(tmp_path, monkeypatch):
+    # The limit lowered to 1 KiB: the constant c (128 bytes) stays inline, and the models that hold it
+    # still pass; a 4 KiB constant moves to <model>.data.
+    import jaxort.graph._model as model_module
+
+    monkeypatch.setattr(model_module, "MAX_MODEL_BYTES", 1024)
+    weights = _weights()
+    model = _model(weights)
+    big = np.linspace(0, 1, 1024, dtype=np.float32).reshape(32, 32)
+    model.graph.initializer.append(numpy_helper.from_array(big, "B"))
+    model.graph.node.insert(0, helper.make_node("MatMul", ["x", "B"], ["xb"]))
+    model.graph.node[-1].input.append("xb")
+    arts = _artifacts(model, tmp_path / "arts")
+    for f in (arts.training_model, arts.eval_model):
+        assert os.path.getsize(f"{f}.data") >= big.nbytes and os.path.getsize(f) < 64 * 1024
+    x = _x()
+    target = np.random.default_rng(2).standard_normal((5, D)).astype(np.float32)
+    params = {k: w for k, w in weights.items()}
+    (loss,) = ort.InferenceSession(str(arts.eval_model), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "target": target, **params})
+    y = _reference(x, weights) + x @ big
+    np.testing.assert_allclose(loss, np.mean((y - target) ** 2), rtol=1e-5)
+    module = api.Module(str(arts.training_model), api.CheckpointState.load_checkpoint(str(arts.checkpoint)),
+                        str(arts.eval_model))
+    np.testing.assert_allclose(float(module(x, target)), np.mean((y - target) ** 2), rtol=1e-5)
