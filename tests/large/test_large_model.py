@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
+from _workers import run_worker
 
 pytestmark = pytest.mark.large
 
@@ -28,10 +28,7 @@ GB = 1e9
 
 
 def _phase(python: str, phase: str, directory: pathlib.Path) -> dict:
-    run = subprocess.run([python, str(WORKER), phase, str(directory)], capture_output=True, text=True,
-                         timeout=3600)
-    assert run.returncode == 0, f"phase {phase} failed ({run.returncode}):\n{run.stderr[-4000:]}"
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    result = run_worker(WORKER, phase, directory, python=python, timeout=3600)
     print(f"\n{phase}: {json.dumps(result, indent=1)}")
     return result
 

@@ -8,19 +8,15 @@ the runs of its own tier.
 
 from __future__ import annotations
 
-import json
 import pathlib
-import subprocess
-import sys
+
+from _workers import run_worker
 
 WORKER = pathlib.Path(__file__).with_name("large_worker.py")
 
 
 def _phase(phase: str, directory: pathlib.Path) -> dict:
-    run = subprocess.run([sys.executable, str(WORKER), phase, str(directory), "--dim", "256"],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run_worker(WORKER, phase, directory, "--dim", 256)
 
 
 def test_the_large_phases_at_a_small_size(tmp_path):

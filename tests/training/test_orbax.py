@@ -7,11 +7,7 @@ set before JAX starts.
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +16,7 @@ ocp = pytest.importorskip("orbax.checkpoint")
 
 import jax  # noqa: E402
 
+from _workers import EIGHT_CPU_DEVICES, run_worker  # noqa: E402
 from jaxort import checkpoint  # noqa: E402
 from jaxort.errors import CheckpointError  # noqa: E402
 from jaxort.training import orbax as jo  # noqa: E402
@@ -31,11 +28,7 @@ PROPERTIES = {"epoch": 3, "best_loss": 0.25, "note": "saved by orbax"}
 
 @pytest.fixture(scope="module")
 def eight_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(HERE / "_orbax_worker.py")], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)
+    return run_worker(HERE / "_orbax_worker.py", env=EIGHT_CPU_DEVICES, timeout=120)
 
 
 @pytest.mark.parametrize("run", ["8->8", "1->1"])

@@ -7,16 +7,13 @@ set before JAX starts.
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
 import pytest
 
+from _workers import EIGHT_CPU_DEVICES, run_worker
 from jaxort import checkpoint
 from jaxort.errors import InputError, TrainingError
 from jaxort.training import TrainProgram, make_mesh, set_learning_rate, shard
@@ -26,11 +23,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def eight_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(HERE / "_sharding_worker.py")], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)
+    return run_worker(HERE / "_sharding_worker.py", env=EIGHT_CPU_DEVICES, timeout=120)
 
 
 @pytest.mark.parametrize("case", ["mlp_adamw", "cnn_bce"])
