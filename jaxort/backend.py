@@ -129,13 +129,14 @@ class JaxBackendRep(BackendRep):
                 outs = self.graph.apply(self.graph.params, *inputs, rng=rng)
             else:
                 with jax.default_device(self.device):
+                    host = None
                     if self.mode is None:
-                        self.mode = self._choose_mode(inputs, rng)
-                    outs = self._run_tensors(inputs, rng)
+                        self.mode, host = self._choose_mode(inputs, rng)
+                    outs = self._run_tensors(inputs, rng, host)
             return tuple(_to_numpy(o) for o in outs)
 
-    def _choose_mode(self, inputs: list, rng) -> str:
-        """Picks the cheapest mode that can compile this graph.
+    def _choose_mode(self, inputs: list, rng) -> tuple[str, dict | None]:
+        """Picks the cheapest mode that can compile this graph; returns it and the host values it computed.
 
         Some graphs need a graph input at trace time: ONNX's node cases feed a
         Reshape target, Slice bounds or a TopK k as inputs, and only a
@@ -146,26 +147,29 @@ class JaxBackendRep(BackendRep):
         one a graph is shows when it is traced, so the first run traces it
         abstractly (``jit(...).trace``, whose trace the compiled call
         then reuses) in each mode in turn and keeps the first that traces.
+        The hosted mode's host values of these inputs come back with it, so
+        the first run does not compute them twice.
         """
         if _traces(self._jitted, self.graph.params, *inputs, rng=rng):
-            return _JIT
+            return _JIT, None
         if self.graph.host.nodes:
             try:
                 host = self.graph.host_values(self.graph.params, *inputs)
             except StaticValueError:  # the host ops read an input only a constant can fix
                 host = None
             if host is not None and _traces(self._jitted, self.graph.params, *inputs, rng=rng, host=host):
-                return _HOSTED
+                return _HOSTED, host
         fn, dynamic = self._baked_fn(inputs)
         if _traces(fn, self.graph.params, *dynamic, rng=rng):
-            return _BAKED
-        return _EAGER
+            return _BAKED, None
+        return _EAGER, None
 
-    def _run_tensors(self, inputs: list, rng) -> tuple:
+    def _run_tensors(self, inputs: list, rng, host: dict | None = None) -> tuple:
         if self.mode == _JIT:
             return self._jitted(self.graph.params, *inputs, rng=rng)
         if self.mode == _HOSTED:
-            host = self.graph.host_values(self.graph.params, *inputs)
+            if host is None:
+                host = self.graph.host_values(self.graph.params, *inputs)
             return self._jitted(self.graph.params, *inputs, rng=rng, host=host)
         if self.mode == _BAKED:
             fn, dynamic = self._baked_fn(inputs)

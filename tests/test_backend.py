@@ -55,6 +55,9 @@ def test_nonzero_runs_on_the_host_and_compiles_once_per_count():
     model = _model(helper.make_node("NonZero", ["x"], ["y"]),
                    [_info("x", TensorProto.FLOAT, [2, 3])], [_info("y", TensorProto.INT64, [2, "n"])])
     rep = backend.prepare(model)
+    calls = []
+    host_values = rep.graph.host_values
+    rep.graph.host_values = lambda *a, **k: calls.append(1) or host_values(*a, **k)
     xs = [np.array([[0, 1, 0], [2, 0, 3]], np.float32), np.eye(2, 3, dtype=np.float32),
           np.array([[4, 0, 5], [0, 6, 0]], np.float32), np.zeros((2, 3), np.float32)]
     for x in xs:
@@ -62,6 +65,7 @@ def test_nonzero_runs_on_the_host_and_compiles_once_per_count():
         np.testing.assert_array_equal(y, np.array(np.nonzero(x), np.int64))
     assert rep.mode == "hosted"
     assert rep._jitted._cache_size() == 3  # counts 3, 2, 3 again, 0
+    assert len(calls) == len(xs)  # the first run's choice of mode computed them once, for the run too
 
 
 def test_unique_of_floats_runs_uncompiled():
