@@ -13,9 +13,9 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from jaxort.external_data import EXTERNAL, external_bytes
 from jaxort.dtypes import to_onnx_type
 from jaxort.errors import CheckpointError
+from jaxort.external_data import EXTERNAL, external_bytes
 
 from ._api import check_flag, check_threshold, load
 from ._files import write_files

@@ -25,9 +25,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from jaxort.external_data import external_bytes, external_info
 from jaxort.dtypes import ONNX_TO_NUMPY, to_numpy_dtype
 from jaxort.errors import ModelError
+from jaxort.external_data import external_bytes, external_info
 from jaxort.graph._registry import normalize_domain
 
 __all__ = ["MAX_MODEL_BYTES", "ModelSource", "check_initializers", "check_model", "default_opset",
