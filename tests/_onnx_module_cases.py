@@ -69,3 +69,23 @@ def core_losses(apply, params: dict, frozen: dict, batches, tx, *, training: boo
         params, frozen, opt_state, loss = step(params, frozen, opt_state, x, y)
         losses.append(float(loss))
     return losses, params, frozen
+
+
+def mlp_head_core_losses(kernel, bias, batches, tx):
+    """The functional core's run of the user models of test_nnx and test_equinox: the ONNX MLP,
+    ReLU, then a dense head with initial ``kernel`` ``[in, out]`` and ``bias``.
+
+    Returns ``(losses, trained)``; ``trained`` holds ``body`` (the MLP's initializers),
+    ``kernel`` and ``bias``.
+    """
+    from jaxort.graph import JaxGraph
+
+    graph = JaxGraph(mlp_model())
+    params = {"body": {n: jax.numpy.asarray(v) for n, v in graph.params.items()}, "kernel": kernel, "bias": bias}
+
+    def apply(p, frozen, x, training):
+        (logits,), updates = graph.apply_with_updates(p["body"], x, training=training)
+        return jax.nn.relu(logits) @ p["kernel"] + p["bias"], updates
+
+    losses, trained, _ = core_losses(apply, params, {}, batches, tx, training=False)
+    return losses, trained
